@@ -1,0 +1,45 @@
+"""The edge: OpenAI REST + SSE in front of the llm, embed and rerank gRPC services."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from edge.clients import ModelDirectory, open_backends
+from edge.errors import install_error_handlers
+from edge.limits import BodySizeLimit
+from edge.routers import embeddings, health, models
+from tritongate.settings import Settings, get_settings
+
+log = logging.getLogger(__name__)
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        backends = open_backends(settings)
+        app.state.settings = settings
+        app.state.backends = backends
+        app.state.directory = ModelDirectory(backends, timeout=settings.list_models_timeout_s)
+        try:
+            yield
+        finally:
+            for backend in backends.values():
+                await backend.channel.close()
+
+    app = FastAPI(
+        title="tritongate",
+        summary="OpenAI-compatible API for models served by NVIDIA Triton Inference Server",
+        version="0.1.0",
+        lifespan=lifespan,
+    )
+    install_error_handlers(app)
+    for module in (models, embeddings, health):
+        app.include_router(module.router)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    return app

@@ -1,0 +1,127 @@
+"""Every error the edge returns has OpenAI's shape: {"error": {"message", "type", "param", "code"}}.
+
+The one table below maps service gRPC codes to HTTP; the handlers turn validation failures, HTTP errors
+and anything unexpected into the same body. Nothing else in the edge builds an error response.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import grpc
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from services.common.errors import CODE_KEY, PARAM_KEY
+
+log = logging.getLogger(__name__)
+
+# gRPC code → (HTTP status, OpenAI error type, default OpenAI error code).
+GRPC_TO_HTTP: dict[grpc.StatusCode, tuple[int, str, str | None]] = {
+    grpc.StatusCode.INVALID_ARGUMENT: (400, "invalid_request_error", None),
+    grpc.StatusCode.OUT_OF_RANGE: (400, "invalid_request_error", None),
+    grpc.StatusCode.UNIMPLEMENTED: (400, "invalid_request_error", "unsupported"),
+    grpc.StatusCode.NOT_FOUND: (404, "invalid_request_error", "model_not_found"),
+    grpc.StatusCode.UNAUTHENTICATED: (401, "authentication_error", None),
+    grpc.StatusCode.PERMISSION_DENIED: (403, "permission_error", None),
+    grpc.StatusCode.RESOURCE_EXHAUSTED: (429, "rate_limit_error", "overloaded"),
+    grpc.StatusCode.UNAVAILABLE: (503, "server_error", "service_unavailable"),
+    grpc.StatusCode.DEADLINE_EXCEEDED: (504, "server_error", "timeout"),
+    grpc.StatusCode.CANCELLED: (499, "invalid_request_error", "cancelled"),
+}
+_INTERNAL = (500, "server_error", None)
+_HTTP_TYPES = {401: "authentication_error", 403: "permission_error", 404: "invalid_request_error",
+               429: "rate_limit_error"}
+
+
+class OpenAIError(Exception):
+    """An error response in OpenAI's shape."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 type_: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.type = type_ or ("server_error" if status >= 500 else _HTTP_TYPES.get(status, "invalid_request_error"))
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status)
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> OpenAIError:
+    return OpenAIError(400, message, param, code)
+
+
+def model_not_found(model: str) -> OpenAIError:
+    return OpenAIError(404, f"The model `{model}` does not exist.", "model", "model_not_found")
+
+
+def from_grpc(error: grpc.aio.AioRpcError, service: str) -> OpenAIError:
+    """The one place a service failure becomes an HTTP error."""
+    code = error.code()
+    status, type_, default_code = GRPC_TO_HTTP.get(code, _INTERNAL)
+    metadata = {key: value for key, value in (error.trailing_metadata() or ()) if isinstance(value, str)}
+    message = error.details() or code.name.lower()
+    if code == grpc.StatusCode.UNAVAILABLE and not metadata:
+        message = f"The {service} service is unavailable; try again shortly."
+    if status == 500:
+        log.error("%s service failed: %s %s", service, code.name, error.details())
+        message = f"The {service} service failed ({code.name}); see its log."
+    return OpenAIError(status, message, metadata.get(PARAM_KEY), metadata.get(CODE_KEY, default_code), type_)
+
+
+def _param(loc: Sequence[int | str]) -> str | None:
+    parts = list(loc[1:] if loc and loc[0] in ("body", "query", "path") else loc)
+    if not parts:
+        return None
+    text = str(parts[0])
+    for part in parts[1:]:
+        text += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return text
+
+
+def from_validation(exc: RequestValidationError) -> OpenAIError:
+    errors = exc.errors()
+    first = errors[0] if errors else {"loc": (), "msg": "Invalid request", "type": ""}
+    if first.get("type") == "json_invalid":
+        return bad_request("We could not parse the JSON body of your request. (HINT: send valid JSON with "
+                           "Content-Type: application/json.)")
+    if first.get("type") == "missing" and tuple(first.get("loc", ())) == ("body",):
+        return bad_request("The request body is missing; send a JSON object.")
+    param = _param(first.get("loc", ()))
+    message = str(first.get("msg", "Invalid request")).removeprefix("Value error, ")
+    if first.get("type") == "missing":
+        message = f"Missing required parameter: '{param}'."
+    elif param:
+        message = f"Invalid value for '{param}': {message}"
+    return bad_request(message, param)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(OpenAIError)
+    async def _openai(_: Request, exc: OpenAIError) -> JSONResponse:
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return from_validation(exc).response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        message = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail)
+        return OpenAIError(exc.status_code, message).response()
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error")
+        return OpenAIError(500, "The server had an error while processing your request.").response()

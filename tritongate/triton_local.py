@@ -1,0 +1,194 @@
+"""A real Triton Inference Server on this machine, from the `tritonserver` binary inside the
+nvidia-pytriton wheel, serving a normal model repository on the CPU.
+
+Two things make the wheel's binary work with a virtualenv (see docs/embedded-triton.md):
+- the Python-backend stub must load the running interpreter's libpython, so its LIBDIR goes first on
+  LD_LIBRARY_PATH (the wheel bundles another libpython that crashes the stub);
+- the stub runs the base interpreter in isolated mode, so the demo models put the virtualenv's
+  site-packages first on sys.path themselves, from TRITONGATE_SITE_PACKAGES.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from tritongate.settings import Settings
+
+
+class TritonError(Exception):
+    """Triton could not be found or started; the message is one line for the user."""
+
+
+def _dist_dir() -> Path:
+    try:
+        import pytriton
+    except ImportError:
+        raise TritonError(
+            "no tritonserver binary: install the demo extra (pip install -e '.[demo]'), which brings "
+            "nvidia-pytriton, or point the services at an existing Triton"
+        ) from None
+    dist = Path(pytriton.__file__).parent / "tritonserver"
+    if not (dist / "bin" / "tritonserver").exists():
+        raise TritonError(f"the nvidia-pytriton wheel has no tritonserver binary under {dist}")
+    return dist
+
+
+def prepare_server(cache_dir: Path) -> Path:
+    """A copy of the wheel's server with the Python-backend stub for this interpreter; made once."""
+    dist = _dist_dir()
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stub = dist / "python_backend_stubs" / version / "triton_python_backend_stub"
+    if not stub.exists():
+        raise TritonError(f"the nvidia-pytriton wheel has no Python-backend stub for Python {version}")
+    target = cache_dir / f"tritonserver-py{version}"
+    marker = target / ".complete"
+    if marker.exists() and marker.read_text() == str(dist):
+        return target
+    shutil.rmtree(target, ignore_errors=True)
+    shutil.copytree(dist, target, ignore=shutil.ignore_patterns("python_backend_stubs"))
+    shutil.copy2(stub, target / "backends" / "python" / "triton_python_backend_stub")
+    marker.write_text(str(dist))
+    return target
+
+
+def server_env(models_dir: Path) -> dict[str, str]:
+    libs = Path(_dist_dir()).parent.parent / "nvidia_pytriton.libs"
+    libdir = sysconfig.get_config_var("LIBDIR") or ""
+    env = dict(os.environ)
+    paths = [libdir, str(libs), env.get("LD_LIBRARY_PATH", "")]
+    env["LD_LIBRARY_PATH"] = ":".join(p for p in paths if p)
+    env["TRITONGATE_SITE_PACKAGES"] = sysconfig.get_paths()["purelib"]
+    env["TRITONGATE_MODELS_DIR"] = str(models_dir)
+    return env
+
+
+@dataclass
+class TritonProcess:
+    process: subprocess.Popen[bytes]
+    http_port: int
+    grpc_port: int
+    log_path: Path
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    def _ready(self) -> bool:
+        url = f"http://127.0.0.1:{self.http_port}/v2/health/ready"
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                return bool(response.status == 200)
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def last_error(self) -> str:
+        """The most telling line of Triton's log, for a one-line failure message."""
+        with contextlib.suppress(OSError):
+            lines = self.log_path.read_text(errors="replace").splitlines()
+            errors = [line for line in lines if line.startswith("E") or "error" in line.lower()]
+            return (errors or lines or ["(empty log)"])[-1].strip()
+        return "(no log)"
+
+    def wait_ready(self, timeout: float, cancelled: Callable[[], bool] = lambda: False) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not cancelled():
+            if self.process.poll() is not None:
+                raise TritonError(f"tritonserver exited with code {self.process.returncode}: "
+                                  f"{self.last_error()} (log: {self.log_path})")
+            if self._ready():
+                return
+            time.sleep(0.5)
+        if cancelled():
+            return
+        self.stop()
+        raise TritonError(f"tritonserver was not ready after {timeout:.0f} s: {self.last_error()} "
+                          f"(log: {self.log_path})")
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """SIGTERM lets Triton unload models and stop its Python stubs; then the group is killed."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                pass
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+
+
+def start_triton(
+    *,
+    repositories: Sequence[Path],
+    models_dir: Path,
+    cache_dir: Path,
+    http_port: int,
+    grpc_port: int,
+    metrics_port: int,
+    log_path: Path | None = None,
+    extra_env: dict[str, str] | None = None,
+) -> TritonProcess:
+    """Start tritonserver in its own process group (so its stubs go with it); does not wait."""
+    server = prepare_server(cache_dir)
+    for repo in repositories:
+        if not Path(repo).is_dir():
+            raise TritonError(f"model repository {repo} does not exist")
+    args = [
+        str(server / "bin" / "tritonserver"),
+        *(f"--model-repository={repo}" for repo in repositories),
+        f"--backend-directory={server / 'backends'}",
+        f"--cache-directory={server / 'caches'}",
+        f"--http-port={http_port}",
+        f"--grpc-port={grpc_port}",
+        f"--metrics-port={metrics_port}",
+        "--allow-metrics=true",
+    ]
+    log_path = log_path or cache_dir / "logs" / f"tritonserver-{grpc_port}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    env = server_env(models_dir) | (extra_env or {})
+    with open(log_path, "wb") as log_file:
+        process = subprocess.Popen(args, stdout=log_file, stderr=subprocess.STDOUT, env=env,
+                                   start_new_session=True)
+    return TritonProcess(process, http_port, grpc_port, log_path)
+
+
+def run_triton_foreground(settings: Settings) -> None:
+    """`tritongate triton`: start, wait for the models, run until Ctrl-C or SIGTERM."""
+    triton = start_triton(
+        repositories=settings.triton_model_repository,
+        models_dir=settings.models_dir,
+        cache_dir=settings.cache_dir,
+        http_port=settings.triton_http_port,
+        grpc_port=settings.triton_grpc_port,
+        metrics_port=settings.triton_metrics_port,
+    )
+    stop_requested = False
+
+    def request_stop(*_: object) -> None:
+        nonlocal stop_requested
+        stop_requested = True
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    try:
+        print(f"starting Triton (log: {triton.log_path})", flush=True)
+        triton.wait_ready(settings.triton_start_timeout_s, lambda: stop_requested)
+        print(f"Triton ready: gRPC 127.0.0.1:{triton.grpc_port}, HTTP 127.0.0.1:{triton.http_port}", flush=True)
+        while not stop_requested and triton.process.poll() is None:
+            time.sleep(0.5)
+        if triton.process.poll() is not None and not stop_requested:
+            raise TritonError(f"tritonserver exited with code {triton.process.returncode}: {triton.last_error()}")
+    finally:
+        triton.stop()
