@@ -99,9 +99,11 @@ def from_validation(exc: RequestValidationError) -> OpenAIError:
     if first.get("type") == "missing" and tuple(first.get("loc", ())) == ("body",):
         return bad_request("The request body is missing; send a JSON object.")
     param = _param(first.get("loc", ()))
-    message = str(first.get("msg", "Invalid request")).removeprefix("Value error, ")
+    message = str(first.get("msg", "Invalid request"))
     if first.get("type") == "missing":
         message = f"Missing required parameter: '{param}'."
+    elif first.get("type") == "value_error":  # our validators' messages already name the parameter
+        message = message.removeprefix("Value error, ")
     elif param:
         message = f"Invalid value for '{param}': {message}"
     return bad_request(message, param)

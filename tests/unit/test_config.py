@@ -1,0 +1,88 @@
+import json
+from pathlib import Path
+
+import pytest
+
+from tritongate.config import ConfigError, load_model_config, parse_model_config
+
+DATA = Path(__file__).parent / "data"
+
+
+def test_seed_example_file_is_accepted_unchanged() -> None:
+    config = load_model_config(DATA / "seed_model_config.json")
+    assert [m.name for m in config.llm] == ["chatglm2-6b"]
+    info = config.model_info("chatglm2-6b")
+    assert info.end_id == -2 and info.max_len == 2048 and info.bad_words == [[7768, 3908], [1, 2]]
+    assert info.stop_words == [[2], [2]] and info.mask_positions == 1
+    embedding = config.embedding[0]
+    assert embedding.max_tokens == 512 and embedding.path == "/LocalRun/model_zoo/bge-large-zh-v1.5"
+    rerank = config.rerank[0]
+    assert rerank.input_config == {"input_ids": "input_ids", "attention_mask": "attention_mask"}
+    assert rerank.output_config.name == "logits" and rerank.output_config.process == "normalize"
+    # The seed's chat template is named relative to the config file; it does not exist here, so the
+    # model folder is the fallback.
+    assert config.llm[0].chat_template == "/LocalRun/void_main_ft_with_llama/chatglm2-6b/chatglm2.jinja"
+
+
+def test_seed_http_port_maps_to_triton_grpc_port() -> None:
+    config = load_model_config(DATA / "seed_model_config.json")
+    assert config.embedding[0].triton_grpc_url == "127.0.0.1:8001"
+    assert config.llm[0].triton_grpc_url == "127.0.0.1:8001"
+    config.embedding[0].grpc_url = "triton:9001"
+    assert config.embedding[0].triton_grpc_url == "triton:9001"
+
+
+def test_defaults_for_extensions() -> None:
+    config = parse_model_config({"embedding": [{"name": "e", "url": "http://h:8001/", "path": "/m"}]})
+    entry = config.embedding[0]
+    assert entry.url == "h:8001" and entry.triton_name == "e"
+    assert entry.pooling == "auto" and entry.normalize and entry.truncate and entry.max_tokens == 512
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        ({"embedding": [{"name": "e", "url": "u", "path": "p", "max_tokens": "many"}]},
+         "$.embedding[0].max_tokens: Input should be a valid integer"),
+        ({"embedding": [{"name": "e", "path": "p"}]}, "$.embedding[0].url: Field required"),
+        ({"rerank": [{"name": "r", "url": "u", "path": "p", "output_config": {"process": "sigmoid"}}]},
+         "$.rerank[0].output_config.process: Input should be 'normalize', 'none' or 'softmax'"),
+        ({"embedding": [{"name": "e", "url": "u", "path": "p", "pooling": "max"}]},
+         "$.embedding[0].pooling: Input should be"),
+        ({"llm": [{"name": "x", "url": "u", "path": "p"}], "embedding": [{"name": "x", "url": "u", "path": "p"}]},
+         "$.embedding[0].name: model id 'x' is already used at $.llm[0].name"),
+        ({"model_infos": [{"name": "x", "max_len": 0}]}, "$.model_infos[0].max_len: Input should be greater than 0"),
+        ([1, 2], "$: Input should be a valid dictionary"),
+    ],
+)
+def test_bad_config_names_json_path(data: object, expected: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_model_config(data, "model_config.json")
+    assert expected in str(info.value)
+    assert str(info.value).startswith("model_config.json: ")
+
+
+def test_unreadable_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not found"):
+        load_model_config(tmp_path / "missing.json")
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"llm": [}')
+    with pytest.raises(ConfigError, match="not valid JSON: .* line 1 column 10"):
+        load_model_config(broken)
+
+
+def test_paths_expand_variables_and_relative_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRITONGATE_MODELS_DIR", "/srv/models")
+    file = tmp_path / "conf.json"
+    file.write_text(json.dumps({"embedding": [
+        {"name": "a", "url": "u", "path": "${TRITONGATE_MODELS_DIR}/minilm"},
+        {"name": "b", "url": "u", "path": "models/bge"},
+    ]}))
+    config = load_model_config(file)
+    assert config.embedding[0].path == "/srv/models/minilm"
+    assert config.embedding[1].path == str(tmp_path / "models" / "bge")
+
+
+def test_unknown_keys_are_reported_not_fatal(caplog: pytest.LogCaptureFixture) -> None:
+    parse_model_config({"embedding": [{"name": "e", "url": "u", "path": "p", "vendor_knob": 1}]}, "f.json")
+    assert "ignoring unknown key $.embedding[0].vendor_knob" in caplog.text
