@@ -30,7 +30,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             yield
         finally:
             for backend in backends.values():
-                await backend.channel.close()
+                await backend.channel.close(None)
 
     app = FastAPI(
         title="tritongate",

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import Any, cast
 
 import grpc
 from fastapi import FastAPI, Request
@@ -70,7 +70,8 @@ def from_grpc(error: grpc.aio.AioRpcError, service: str) -> OpenAIError:
     """The one place a service failure becomes an HTTP error."""
     code = error.code()
     status, type_, default_code = GRPC_TO_HTTP.get(code, _INTERNAL)
-    metadata = {key: value for key, value in (error.trailing_metadata() or ()) if isinstance(value, str)}
+    pairs = cast("Iterable[tuple[str, str | bytes]]", error.trailing_metadata() or ())
+    metadata = {key: value for key, value in pairs if isinstance(value, str)}
     message = error.details() or code.name.lower()
     if code == grpc.StatusCode.UNAVAILABLE and not metadata:
         message = f"The {service} service is unavailable; try again shortly."

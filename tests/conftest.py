@@ -1,31 +1,27 @@
 """Session fixtures: a real Triton (demo + test model repositories), the real services and the real
-edge as separate processes on free loopback ports, exactly as `tritongate up` runs them."""
+edge as separate processes on free loopback ports, started by the same code as `tritongate up`."""
 
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
 import httpx
 import openai
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tritongate.demo_models import fetch_models, missing_models
-from tritongate.settings import DEPLOY_DIR, default_cache_dir, default_models_dir
+from tritongate.settings import DEPLOY_DIR, Settings, default_cache_dir, default_models_dir
 from tritongate.triton_local import TritonProcess, start_triton
+from tritongate.up import LocalStack, grpc_serving  # noqa: F401 (tests import it from here)
 
 TESTS = Path(__file__).resolve().parent
 BODY_LIMIT = 4 * 1024 * 1024
-SERVICE_SECTIONS = {"llm": "llm", "embed": "embedding", "rerank": "rerank"}
 
 
 def free_port() -> int:
@@ -43,15 +39,6 @@ def wait_until(check, timeout: float, what: str, process: subprocess.Popen[bytes
             return
         time.sleep(0.2)
     raise TimeoutError(f"{what} not ready after {timeout} s")
-
-
-def grpc_serving(address: str) -> bool:
-    with grpc.insecure_channel(address) as channel:
-        try:
-            response = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=1)
-        except grpc.RpcError:
-            return False
-    return bool(response.status == health_pb2.HealthCheckResponse.SERVING)
 
 
 @pytest.fixture(scope="session")
@@ -101,16 +88,10 @@ def model_config_file(triton: TritonProcess, tmp_path_factory: pytest.TempPathFa
     return path
 
 
-@dataclass
-class Stack:
-    edge_url: str
-    service_addresses: dict[str, str]
-    config_file: Path
-    triton: TritonProcess
-
-    @property
-    def base_url(self) -> str:
-        return f"{self.edge_url}/v1"
+def stack_settings(config_file: Path, **overrides: object) -> Settings:
+    """Settings for a stack on free loopback ports."""
+    ports = {f"{name}_port": free_port() for name in ("edge", "llm", "embed", "rerank")}
+    return Settings(config_file=config_file, max_body_bytes=BODY_LIMIT, **ports, **overrides)  # type: ignore[arg-type]
 
 
 def _spawn(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
@@ -120,50 +101,23 @@ def _spawn(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[
 
 
 @pytest.fixture(scope="session")
-def stack(triton: TritonProcess, model_config_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    logs = tmp_path_factory.mktemp("logs")
-    config = json.loads(model_config_file.read_text())
-    env = dict(os.environ, TRITONGATE_CONFIG_FILE=str(model_config_file), LOG_LEVEL="INFO",
-               TRITONGATE_MAX_BODY_BYTES=str(BODY_LIMIT))
-    processes: list[subprocess.Popen[bytes]] = []
-    addresses: dict[str, str] = {}
+def stack(triton: TritonProcess, model_config_file: Path, tmp_path_factory: pytest.TempPathFactory
+          ) -> Iterator[LocalStack]:
+    """The services and the edge on the session's Triton; logs under the pytest temp folder."""
+    local = LocalStack(stack_settings(model_config_file), triton=triton, log_dir=tmp_path_factory.mktemp("logs"))
     try:
-        for name, section in SERVICE_SECTIONS.items():
-            if config.get(section):
-                port = free_port()
-                addresses[name] = f"127.0.0.1:{port}"
-                processes.append(_spawn([name, "--port", str(port)], env, logs / f"{name}.log"))
-        edge_port = free_port()
-        targets = [f"--{name}={addresses.get(name, f'127.0.0.1:{free_port()}')}" for name in SERVICE_SECTIONS]
-        processes.append(_spawn(["edge", "--port", str(edge_port), *targets], env, logs / "edge.log"))
-        for process, (name, address) in zip(processes, addresses.items(), strict=False):
-            wait_until(lambda a=address: grpc_serving(a), 180, f"{name} service", process)
-        edge_url = f"http://127.0.0.1:{edge_port}"
-
-        def edge_up() -> bool:
-            try:
-                return httpx.get(f"{edge_url}/health", timeout=1).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_until(edge_up, 60, "edge", processes[-1])
-        yield Stack(edge_url, addresses, model_config_file, triton)
+        local.start()
+        yield local
     finally:
-        for process in processes:
-            process.terminate()
-        for process in processes:
-            try:
-                process.wait(30)
-            except subprocess.TimeoutExpired:
-                process.kill()
+        local.stop()
 
 
 @pytest.fixture(scope="session")
-def client(stack: Stack) -> openai.OpenAI:
-    return openai.OpenAI(base_url=stack.base_url, api_key="unused", max_retries=0, timeout=120)
+def client(stack: LocalStack) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{stack.edge_url}/v1", api_key="unused", max_retries=0, timeout=120)
 
 
 @pytest.fixture(scope="session")
-def http(stack: Stack) -> Iterator[httpx.Client]:
+def http(stack: LocalStack) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=stack.edge_url, timeout=120) as session:
         yield session

@@ -1,7 +1,7 @@
 """`tritongate up`: the whole stack on one machine: local Triton, the three services, the edge.
 
-Each component runs as its own process (exactly as in a deployment); this supervisor starts them in
-order, prints where to reach the API, and on Ctrl-C or SIGTERM stops them in reverse order.
+Each component runs as its own process, exactly as in a deployment. `LocalStack` starts them in order
+and stops them in reverse; the tests and benchmarks use it too, on free ports.
 """
 
 from __future__ import annotations
@@ -13,7 +13,12 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tritongate.config import load_model_config
 from tritongate.settings import Settings
@@ -26,16 +31,65 @@ def say(message: str) -> None:
     print(f"[tritongate] {message}", flush=True)
 
 
+def grpc_serving(address: str) -> bool:
+    """True when the gRPC health service at `address` answers SERVING."""
+    with grpc.insecure_channel(address) as channel:
+        try:
+            response = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=1)
+        except grpc.RpcError:
+            return False
+    return bool(response.status == health_pb2.HealthCheckResponse.SERVING)
+
+
+def http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as response:
+            return bool(response.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
 @dataclass
-class Stack:
+class LocalStack:
+    """Triton (unless one is given), the services the model configuration needs, and the edge."""
+
     settings: Settings
     triton: TritonProcess | None = None
+    log_dir: Path | None = None  # None: children write to this terminal
+    extra_repositories: list[Path] = field(default_factory=list)
+    extra_env: dict[str, str] = field(default_factory=dict)
     children: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
-    stopping: bool = False
+    own_triton: bool = False
 
-    def spawn(self, name: str, *args: str, env: dict[str, str]) -> None:
-        process = subprocess.Popen([sys.executable, "-m", "tritongate.cli", name, *args], env=env)
+    @property
+    def edge_url(self) -> str:
+        return f"http://{self.settings.edge_host}:{self.settings.edge_port}"
+
+    def service_address(self, name: str) -> str:
+        return f"{self.settings.service_host}:{getattr(self.settings, f'{name}_port')}"
+
+    def env(self) -> dict[str, str]:
+        """The children read their settings from the environment: hand them everything that matters."""
+        s = self.settings
+        values = {
+            "TRITONGATE_CONFIG_FILE": s.config_file, "TRITONGATE_MODELS_DIR": s.models_dir,
+            "TRITONGATE_EDGE_HOST": s.edge_host, "TRITONGATE_EDGE_PORT": s.edge_port,
+            "TRITONGATE_SERVICE_HOST": s.service_host, "TRITONGATE_MAX_BODY_BYTES": s.max_body_bytes,
+            **{f"TRITONGATE_{name.upper()}_PORT": getattr(s, f"{name}_port") for name in SERVICE_SECTIONS},
+            **{f"TRITONGATE_{name.upper()}_TARGET": self.service_address(name) for name in SERVICE_SECTIONS},
+        }
+        return dict(os.environ, **{k: str(v) for k, v in values.items()}, **self.extra_env)
+
+    def spawn(self, name: str, *args: str) -> subprocess.Popen[bytes]:
+        command = [sys.executable, "-m", "tritongate.cli", name, *args]
+        if self.log_dir is None:
+            process = subprocess.Popen(command, env=self.env())
+        else:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            with open(self.log_dir / f"{name}.log", "ab") as log:
+                process = subprocess.Popen(command, env=self.env(), stdout=log, stderr=subprocess.STDOUT)
         self.children.append((name, process))
+        return process
 
     def failed_child(self) -> str | None:
         for name, process in self.children:
@@ -45,7 +99,43 @@ class Stack:
             return f"Triton exited: {self.triton.last_error()}"
         return None
 
+    def wait(self, what: str, check: Callable[[], bool], timeout: float,
+             cancelled: Callable[[], bool] = lambda: False) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not cancelled():
+            if check():
+                return
+            failure = self.failed_child()
+            if failure:
+                raise TritonError(failure)
+            time.sleep(0.2)
+        if not cancelled():
+            raise TritonError(f"{what} did not come up within {timeout:.0f} s")
+
+    def start(self, cancelled: Callable[[], bool] = lambda: False, flags: tuple[str, ...] = ()) -> None:
+        """Start everything and wait until the services are SERVING and the edge answers."""
+        s = self.settings
+        config = load_model_config(s.config_file)
+        if self.triton is None:
+            self.own_triton = True
+            self.triton = start_triton(
+                repositories=[*s.triton_model_repository, *self.extra_repositories], models_dir=s.models_dir,
+                cache_dir=s.cache_dir, http_port=s.triton_http_port, grpc_port=s.triton_grpc_port,
+                metrics_port=s.triton_metrics_port, extra_env=self.extra_env,
+                log_path=self.log_dir / "tritonserver.log" if self.log_dir else None,
+            )
+            self.triton.wait_ready(s.triton_start_timeout_s, cancelled)
+        names = [name for name, section in SERVICE_SECTIONS.items() if getattr(config, section)]
+        for name in names:
+            self.spawn(name, *flags)
+        self.spawn("edge", "--uvicorn-log-level", s.uvicorn_log_level, *flags)
+        for name in names:
+            self.wait(f"the {name} service", lambda name=name: grpc_serving(self.service_address(name)),  # type: ignore[misc]
+                      s.triton_start_timeout_s, cancelled)
+        self.wait("the edge", lambda: http_ok(f"{self.edge_url}/health"), 120, cancelled)
+
     def stop(self) -> None:
+        """SIGTERM in reverse order (edge first), wait for the drain, then stop Triton."""
         for _, process in reversed(self.children):
             if process.poll() is None:
                 process.send_signal(signal.SIGTERM)
@@ -56,29 +146,9 @@ class Stack:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
-        if self.triton:
+        self.children.clear()
+        if self.triton and self.own_triton:
             self.triton.stop()
-
-
-def _edge_ready(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/health", timeout=1) as response:
-            return bool(response.status == 200)
-    except (urllib.error.URLError, OSError):
-        return False
-
-
-def _wait(stack: Stack, what: str, check: object, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and not stack.stopping:
-        if callable(check) and check():
-            return
-        failure = stack.failed_child()
-        if failure:
-            raise TritonError(failure)
-        time.sleep(0.3)
-    if not stack.stopping:
-        raise TritonError(f"{what} did not come up within {timeout:.0f} s")
 
 
 def run_stack(settings: Settings, fetch: bool = True) -> int:
@@ -88,35 +158,21 @@ def run_stack(settings: Settings, fetch: bool = True) -> int:
 
         if missing_models(settings.models_dir):
             fetch_models(settings.models_dir)
-    stack = Stack(settings)
+    stack = LocalStack(settings)
+    stopping = False
 
     def request_stop(*_: object) -> None:
-        stack.stopping = True
+        nonlocal stopping
+        stopping = True
 
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
-    # The children read their settings from the environment: hand them what the flags changed.
-    env = dict(os.environ, TRITONGATE_CONFIG_FILE=str(settings.config_file),
-               TRITONGATE_MODELS_DIR=str(settings.models_dir), TRITONGATE_EDGE_HOST=settings.edge_host,
-               TRITONGATE_EDGE_PORT=str(settings.edge_port))
     try:
-        say("starting Triton (the first start loads the demo models, this can take a minute)")
-        stack.triton = start_triton(
-            repositories=settings.triton_model_repository, models_dir=settings.models_dir,
-            cache_dir=settings.cache_dir, http_port=settings.triton_http_port,
-            grpc_port=settings.triton_grpc_port, metrics_port=settings.triton_metrics_port,
-        )
-        stack.triton.wait_ready(settings.triton_start_timeout_s, lambda: stack.stopping)
-        flags = ["--verbose"] if settings.verbose else []
-        for name, section in SERVICE_SECTIONS.items():
-            if getattr(config, section):
-                stack.spawn(name, *flags, env=env)
-        edge_url = f"http://{settings.edge_host}:{settings.edge_port}"
-        stack.spawn("edge", "--uvicorn-log-level", settings.uvicorn_log_level, *flags, env=env)
-        _wait(stack, "the edge", lambda: _edge_ready(edge_url), 120)
-        if not stack.stopping:
-            _announce(edge_url, config.embedding[0].name if config.embedding else "MODEL")
-        while not stack.stopping:
+        say("starting Triton and the services (the first start loads the demo models: about a minute)")
+        stack.start(lambda: stopping, ("--verbose",) if settings.verbose else ())
+        if not stopping:
+            _announce(stack.edge_url, config.embedding[0].name if config.embedding else "MODEL")
+        while not stopping:
             failure = stack.failed_child()
             if failure:
                 raise TritonError(failure)

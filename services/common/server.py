@@ -8,12 +8,13 @@ import contextlib
 import logging
 import signal
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from services.common.errors import model_not_found
@@ -72,7 +73,7 @@ class ModelSet(Generic[M]):
         except KeyError:
             raise model_not_found(name) from None
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
+    def __iter__(self) -> Iterator[M]:
         return iter(self._models.values())
 
     def list_models(self) -> common_pb2.ListModelsResponse:
@@ -114,7 +115,7 @@ class ServiceSpec:
 class RunningService:
     server: grpc.aio.Server
     port: int
-    health: health.aio.HealthServicer
+    health: HealthServicer
     watcher: asyncio.Task[None]
     triton: Triton
 
@@ -128,7 +129,7 @@ class RunningService:
         await self.triton.close()
 
 
-async def _watch_readiness(models: ModelSet[Any], health_servicer: health.aio.HealthServicer,
+async def _watch_readiness(models: ModelSet[Any], health_servicer: HealthServicer,
                            names: Sequence[str]) -> None:
     serving: bool | None = None
     while True:
@@ -154,7 +155,7 @@ async def start_service(
     """Start serving on host:port (0 picks a free port); health is NOT_SERVING until Triton is ready."""
     server = grpc.aio.server(options=server_options(max_connection_age_ms, grace_s))
     spec.add_servicer(server)
-    health_servicer = health.aio.HealthServicer()
+    health_servicer = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
         (spec.name, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),

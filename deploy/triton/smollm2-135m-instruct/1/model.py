@@ -17,9 +17,9 @@ sends the final output tensors with the FINAL flag), so a client sees exactly on
 generated token. Unlike FT, a cancelled request stops generating at the next token: it ends with
 an empty FINAL response.
 
-Semantics, as FT: the end id and stop words stay in the output and count in `sequence_length`;
-no `random_seed` means seed 0; greedy unless `runtime_top_k` > 1 or `runtime_top_p` > 0 (and
-`temperature` > 0). Beam search is not supported (`beam_width` must be 1); `len_penalty`,
+Semantics, as FT: the end id and stop words stay in the output and count in `sequence_length`
+(a stop word must lie within the generated tokens); no `random_seed` means seed 0; greedy unless
+`runtime_top_k` > 1 or `runtime_top_p` > 0 (and `temperature` > 0). Beam search is not supported (`beam_width` must be 1); `len_penalty`,
 `beam_search_diversity_rate` and `start_id` are accepted and ignored.
 
 The weights are the folder fetch_smollm2 (tritongate.demo_models.smollm2) writes, read from
@@ -212,7 +212,7 @@ class TritonPythonModel:
             tokens.append(token)
             if gen.log_probs:
                 log_probs.append(log_prob)
-            done = step + 1 == gen.max_new or token == gen.end_id or _ends_with_any(tokens, gen.stop_words)
+            done = step + 1 == gen.max_new or token == gen.end_id or _ends_with_any(tokens[len(gen.prompt):], gen.stop_words)
             sender.send(self._response(gen, tokens, log_probs), flags=FINAL if done else 0)
             if done:
                 return
@@ -230,7 +230,8 @@ class TritonPythonModel:
             generated = torch.tensor(sorted(set(tokens[len(gen.prompt):])), dtype=torch.long)
             logits[generated] -= gen.presence_penalty
         for word in gen.bad_words:
-            if len(word) == 1 or (len(word) - 1 <= len(tokens) and tokens[len(tokens) - len(word) + 1:] == word[:-1]):
+            prefix = word[:-1]
+            if len(prefix) <= len(tokens) and tokens[len(tokens) - len(prefix):] == prefix:
                 if 0 <= word[-1] < logits.shape[0]:
                     logits[word[-1]] = float("-inf")
         if not gen.greedy:
