@@ -11,6 +11,7 @@ from fastapi import FastAPI
 from edge.clients import ModelDirectory, open_backends
 from edge.errors import install_error_handlers
 from edge.limits import BodySizeLimit
+from edge.metrics import install_metrics
 from edge.routers import embeddings, health, models
 from tritongate.settings import Settings, get_settings
 
@@ -42,4 +43,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for module in (models, embeddings, health):
         app.include_router(module.router)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    install_metrics(app)
     return app

@@ -48,6 +48,8 @@ def open_channel(target: str, service: str, idempotent: list[str]) -> grpc.aio.C
         ("grpc.service_config", _service_config(service, idempotent)),
         ("grpc.enable_retries", 1),
         ("grpc.dns_min_time_between_resolutions_ms", 1000),
+        # A request larger than this is not kept for a retry (default 256 KiB: a big embedding batch).
+        ("grpc.per_rpc_retry_buffer_size", 16 * 1024 * 1024),
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.keepalive_time_ms", 20_000),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import logging
 
+from services.common.metrics import serve_metrics
 from services.common.server import ServiceSpec, run_until_signalled, start_service
 from services.common.triton import Triton
 from tritongate.config import ConfigError, ModelConfig, load_model_config
@@ -26,13 +27,17 @@ async def run_service(name: str, settings: Settings) -> None:
     if not getattr(config, SECTIONS[name]):
         raise ConfigError(f"{settings.config_file}: the `{SECTIONS[name]}` section is empty; "
                           f"nothing for the {name} service to serve")
-    triton = Triton()
+    triton = Triton(settings.triton_timeout_s)
     spec = build_service(name, config, triton)
+    if settings.metrics_port:
+        serve_metrics(settings.service_host, settings.metrics_port)
+        log.info("metrics on http://%s:%d/metrics", settings.service_host, settings.metrics_port)
     service = await start_service(
         spec, triton,
         host=settings.service_host,
         port=getattr(settings, f"{name}_port"),
         max_connection_age_ms=settings.max_connection_age_ms,
-        grace_s=settings.shutdown_grace_s,
+        # An aged connection keeps its streams until they end; none outlasts the edge's request deadline.
+        grace_s=max(settings.shutdown_grace_s, settings.request_timeout_s),
     )
     await run_until_signalled(service, settings.shutdown_grace_s)

@@ -4,13 +4,14 @@
     tritongate edge|llm|embed|rerank   # one component
     tritongate triton             # a local Triton on the demo model repository
     tritongate models fetch       # download the demo models
+    tritongate health embed       # exit 0 when a component serves (container health checks)
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -61,6 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
         service = commands.add_parser(name, help=f"run the {name} gRPC service")
         service.add_argument("--host", help="listen address (default 127.0.0.1; $TRITONGATE_SERVICE_HOST)")
         service.add_argument("--port", type=int, help=f"listen port (default ${'TRITONGATE_' + name.upper()}_PORT)")
+        service.add_argument("--metrics-port", type=int, help="serve Prometheus metrics over HTTP on this port "
+                             "(default $TRITONGATE_METRICS_PORT; 0 = off)")
         _config_file(service)
         _common(service)
 
@@ -78,6 +81,11 @@ def build_parser() -> argparse.ArgumentParser:
     fetch.add_argument("names", nargs="*", help="models to fetch (default: all)")
     _common(fetch)
     model_commands.add_parser("list", help="list the demo models and whether they are fetched")
+
+    health = commands.add_parser("health", help="exit 0 when a component is healthy (for container health checks)")
+    health.add_argument("target", help="edge, llm, embed or rerank (on this host, at its configured port), "
+                        "a gRPC address host:port, or an http(s):// URL")
+    health.add_argument("--timeout", type=float, default=2.0, help="seconds to wait for the answer (default 2)")
     return parser
 
 
@@ -105,6 +113,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
             overrides["service_host"] = args.host
         if args.port is not None:
             overrides[f"{command}_port"] = args.port
+        if args.metrics_port is not None:
+            overrides["metrics_port"] = args.metrics_port
     if command == "triton":
         for key in ("http_port", "grpc_port", "metrics_port"):
             if getattr(args, key) is not None:
@@ -115,9 +125,11 @@ def settings_from(args: argparse.Namespace) -> Settings:
 
 
 def _run_service(name: str, settings: Settings) -> None:
+    import uvloop
+
     from services.runner import run_service
 
-    asyncio.run(run_service(name, settings))
+    uvloop.run(run_service(name, settings))
 
 
 def _run_edge(settings: Settings) -> None:
@@ -125,6 +137,8 @@ def _run_edge(settings: Settings) -> None:
 
     from edge.app import create_app
 
+    # uvicorn drains on SIGTERM, then raises it again: exit 0 then (a clean stop), as the services do.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     uvicorn.run(create_app(settings), host=settings.edge_host, port=settings.edge_port,
                 log_level=settings.uvicorn_log_level, timeout_graceful_shutdown=int(settings.shutdown_grace_s))
 
@@ -142,6 +156,15 @@ def _models(args: argparse.Namespace, settings: Settings) -> None:
         fetch_models(settings.models_dir, args.names or None)
     else:
         list_models(settings.models_dir)
+
+
+def _health(args: argparse.Namespace, settings: Settings) -> None:
+    from tritongate.healthcheck import probe, resolve
+
+    target = resolve(args.target, settings)
+    healthy, seen = probe(target, args.timeout)
+    print(f"{target}: {seen}")
+    sys.exit(0 if healthy else 1)
 
 
 def _up(args: argparse.Namespace, settings: Settings) -> None:
@@ -162,6 +185,7 @@ def main(argv: list[str] | None = None) -> None:
         "edge": lambda: _run_edge(settings),
         "triton": lambda: _run_triton(settings),
         "models": lambda: _models(args, settings),
+        "health": lambda: _health(args, settings),
         **{name: (lambda name=name: _run_service(name, settings)) for name in SERVICES},  # type: ignore[misc]
     }
     from tritongate.triton_local import TritonError

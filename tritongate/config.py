@@ -93,10 +93,23 @@ class LlmModel(TritonModelEntry):
 Pooling = Literal["auto", "cls", "mean", "none"]
 
 
-class EmbeddingModel(TritonModelEntry):
-    """An embedding model (seed: `embedding[]`)."""
+class EncoderEntry(TritonModelEntry):
+    """Fields embedding and rerank models share."""
 
     max_tokens: Annotated[int, Field(gt=0)] = 512
+    input_config: dict[str, str] = Field(default_factory=dict, description="our tensor name → model's")
+    truncate: bool = Field(True, description="Cut inputs longer than max_tokens instead of rejecting them")
+    max_batch_size: Annotated[int, Field(gt=0)] | None = Field(
+        None, description="Rows per Triton request; default: the Triton model's max_batch_size"
+    )
+    max_concurrent_batches: Annotated[int, Field(gt=0)] = Field(
+        2, description="Triton calls in flight per model; requests arriving meanwhile are merged"
+    )
+
+
+class EmbeddingModel(EncoderEntry):
+    """An embedding model (seed: `embedding[]`)."""
+
     pooling: Pooling = Field(
         "auto",
         description="cls | mean | none (the output is already one vector per input) | auto: the model "
@@ -104,11 +117,6 @@ class EmbeddingModel(TritonModelEntry):
     )
     normalize: bool = True
     output_name: str | None = Field(None, description="Triton output tensor; default: the model's first")
-    truncate: bool = Field(True, description="Cut inputs longer than max_tokens instead of rejecting them")
-    input_config: dict[str, str] = Field(default_factory=dict, description="our tensor name → model's")
-    max_batch_size: Annotated[int, Field(gt=0)] | None = Field(
-        None, description="Rows per Triton request; default: the Triton model's max_batch_size"
-    )
 
 
 class RerankOutput(_Section):
@@ -116,14 +124,10 @@ class RerankOutput(_Section):
     process: Literal["normalize", "none", "softmax"] = "normalize"
 
 
-class RerankModel(TritonModelEntry):
+class RerankModel(EncoderEntry):
     """A rerank (cross-encoder) model (seed: `rerank[]`)."""
 
-    max_tokens: Annotated[int, Field(gt=0)] = 512
-    input_config: dict[str, str] = Field(default_factory=dict, description="our tensor name → model's")
     output_config: RerankOutput = Field(default_factory=RerankOutput)
-    truncate: bool = True
-    max_batch_size: Annotated[int, Field(gt=0)] | None = None
 
 
 class ModelConfig(_Section):

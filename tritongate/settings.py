@@ -58,6 +58,8 @@ class Settings(BaseSettings):
     max_connection_age_ms: int = 30_000
     shutdown_grace_s: float = 30.0
     triton_timeout_s: float = 60.0
+    # Prometheus metrics of a service over HTTP on service_host:metrics_port; 0 = off.
+    metrics_port: int = 0
 
     # Local Triton (`tritongate triton`).
     triton_http_port: int = 8000

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import base64
-import json
 
 import numpy as np
+import orjson
 from fastapi import APIRouter, Request, Response
 
 from edge.clients import call
@@ -28,17 +28,18 @@ def to_proto(body: EmbeddingRequest) -> embed_pb2.EmbedRequest:
 
 def to_json(response: embed_pb2.EmbedResponse, encoding_format: str) -> bytes:
     vectors = np.frombuffer(response.embeddings, dtype="<f4").reshape(response.rows, response.dimensions)
+    encoded: list[object] | np.ndarray
     if encoding_format == "base64":
-        encoded: list[object] = [base64.b64encode(row.tobytes()).decode("ascii") for row in vectors]
+        encoded = [base64.b64encode(row.tobytes()).decode("ascii") for row in vectors]
     else:
-        encoded = vectors.tolist()
+        encoded = vectors  # orjson writes float32 rows directly
     usage = {"prompt_tokens": response.usage.prompt_tokens, "total_tokens": response.usage.total_tokens}
-    return json.dumps({
+    return orjson.dumps({
         "object": "list",
         "data": [{"object": "embedding", "index": i, "embedding": e} for i, e in enumerate(encoded)],
         "model": response.model,
         "usage": usage,
-    }, separators=(",", ":")).encode()
+    }, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
 @router.post("/v1/embeddings", tags=["embeddings"])

@@ -1,17 +1,18 @@
 """Encoder models on Triton (embedding and rerank): token rows in, one output row per input out.
 
-Rows are sorted by length, split into Triton requests of at most the model's batch size, padded per
-request (little padding, since neighbours have similar lengths), sent concurrently so Triton can batch
-and spread them over instances, and put back in the caller's order.
+Rows of concurrent requests are merged into Triton calls of at most the model's batch size (see
+Batcher), so many small requests cost Triton one call, and a large request is split over several.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
+import grpc
 import numpy as np
 from tritonclient.utils import triton_to_np_dtype
 
@@ -19,9 +20,7 @@ from services.common.errors import ServiceError
 from services.common.server import ServedModel
 from services.common.tokenizer import load_tokenizer
 from services.common.triton import Triton
-from tritongate.config import EmbeddingModel, RerankModel
-
-import grpc
+from tritongate.config import EncoderEntry
 
 # Tensor names tritongate uses; `input_config` maps them to the Triton model's names.
 STANDARD_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
@@ -40,12 +39,79 @@ PostProcess = Callable[[np.ndarray, np.ndarray], np.ndarray]
 """(Triton output for a padded chunk, its attention mask) → one row per input."""
 
 
+@dataclass
+class _Waiting:
+    rows: Sequence[Row]
+    result: asyncio.Future[np.ndarray] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
+class Batcher:
+    """Continuous batching for encoder calls, as TEI and Infinity do it.
+
+    At most `slots` Triton calls are in flight. A request that finds a free slot goes at once (no
+    added latency when idle); otherwise it waits, and when a call ends, everything waiting (up to
+    `batch_size` rows) leaves together in one call. Under load this turns many one-row requests into
+    few large calls, which is what costs Triton and this process least per row.
+    """
+
+    def __init__(self, call: Callable[[list[Row]], Awaitable[np.ndarray]], batch_size: int, slots: int) -> None:
+        self.call = call
+        self.batch_size = batch_size
+        self.slots = slots
+        self._waiting: deque[_Waiting] = deque()
+        self._in_flight = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def submit(self, rows: Sequence[Row]) -> np.ndarray:
+        parts = [_Waiting(rows[i:i + self.batch_size]) for i in range(0, len(rows), self.batch_size)]
+        self._waiting.extend(parts)
+        self._dispatch()
+        try:
+            results = await asyncio.gather(*(part.result for part in parts))
+        finally:
+            for part in parts:  # a cancelled caller's rows are skipped if they have not left yet
+                part.result.cancel()
+        return results[0] if len(results) == 1 else np.concatenate(results)
+
+    def _dispatch(self) -> None:
+        while self._in_flight < self.slots and self._waiting:
+            batch: list[_Waiting] = []
+            size = 0
+            while self._waiting and size + len(self._waiting[0].rows) <= self.batch_size:
+                waiting = self._waiting.popleft()
+                if not waiting.result.done():
+                    batch.append(waiting)
+                    size += len(waiting.rows)
+            if batch:
+                self._in_flight += 1
+                task = asyncio.create_task(self._run(batch))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, batch: list[_Waiting]) -> None:
+        try:
+            output = await self.call([row for waiting in batch for row in waiting.rows])
+        except Exception as exc:
+            for waiting in batch:
+                if not waiting.result.done():
+                    waiting.result.set_exception(exc)
+        else:
+            start = 0
+            for waiting in batch:
+                if not waiting.result.done():
+                    waiting.result.set_result(output[start:start + len(waiting.rows)])
+                start += len(waiting.rows)
+        finally:
+            self._in_flight -= 1
+            self._dispatch()
+
+
 class EncoderModel(ServedModel):
     """What embedding and rerank models share: tokenizer, tensor layout and batched inference."""
 
-    entry: EmbeddingModel | RerankModel
+    entry: EncoderEntry
 
-    def __init__(self, entry: EmbeddingModel | RerankModel, triton: Triton) -> None:
+    def __init__(self, entry: EncoderEntry, triton: Triton) -> None:
         super().__init__(entry, triton)
         self.tokenizer = load_tokenizer(entry.path, entry.name)
         self.vocab_size = len(self.tokenizer)
@@ -55,6 +121,8 @@ class EncoderModel(ServedModel):
         self.inputs: dict[str, tuple[str, Any]] = {}  # our name → (Triton name, numpy dtype)
         self.output_name = ""
         self.output_dims: list[int] = []
+        self.post: PostProcess = lambda output, mask: output
+        self.batcher = Batcher(self._infer, self.batch_size, entry.max_concurrent_batches)
 
     def on_ready(self, triton_config: dict[str, Any]) -> None:
         declared = {tensor["name"]: tensor for tensor in triton_config.get("input", [])}
@@ -72,6 +140,7 @@ class EncoderModel(ServedModel):
         self.output_name = self.configured_output() or next(iter(outputs), "")
         self.output_dims = [int(d) for d in outputs.get(self.output_name, {}).get("dims", [])]
         self.batch_size = self.entry.max_batch_size or int(triton_config.get("max_batch_size") or 0) or 1
+        self.batcher.batch_size = self.batch_size
 
     def configured_output(self) -> str | None:
         raise NotImplementedError
@@ -104,19 +173,21 @@ class EncoderModel(ServedModel):
             raise ServiceError(grpc.StatusCode.UNAVAILABLE,
                                f"model `{self.name}` is not ready in Triton at {self.url}")
 
-    async def run(self, rows: Sequence[Row], post: PostProcess, timeout: float | None) -> np.ndarray:
-        """Infer all rows; returns post-processed outputs stacked in the rows' order."""
+    async def _infer(self, rows: list[Row]) -> np.ndarray:
+        """One Triton call for rows of possibly many requests, post-processed to one row per input."""
+        tensors, mask = self._tensors(rows)
+        result = await self.triton.infer(self.url, self.triton_name, tensors, [self.output_name])
+        return self.post(result[self.output_name], mask)
+
+    async def run(self, rows: Sequence[Row], timeout: float | None) -> np.ndarray:
+        """Infer all rows (through the batcher); returns post-processed outputs in the rows' order."""
         await self.ensure_ready()
-        order = sorted(range(len(rows)), key=lambda i: len(rows[i].input_ids))
-        spans = [order[start:start + self.batch_size] for start in range(0, len(order), self.batch_size)]
-
-        async def infer(span: list[int]) -> np.ndarray:
-            tensors, mask = self._tensors([rows[i] for i in span])
-            result = await self.triton.infer(self.url, self.triton_name, tensors, [self.output_name], timeout)
-            return post(result[self.output_name], mask)
-
-        chunks = await asyncio.gather(*(infer(span) for span in spans))
-        out = np.empty((len(rows), *chunks[0].shape[1:]), dtype=chunks[0].dtype)
-        for span, chunk in zip(spans, chunks, strict=True):
-            out[span] = chunk
-        return out
+        order = np.argsort([len(row.input_ids) for row in rows], kind="stable")  # neighbours pad alike
+        try:
+            by_length = await asyncio.wait_for(self.batcher.submit([rows[i] for i in order]), timeout)
+        except TimeoutError:
+            raise ServiceError(grpc.StatusCode.DEADLINE_EXCEEDED,
+                               f"model `{self.name}` did not answer within the deadline") from None
+        output = np.empty_like(by_length)
+        output[order] = by_length
+        return output

@@ -18,6 +18,7 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from services.common.errors import model_not_found
+from services.common.metrics import MetricsInterceptor, handled_by_code, in_flight
 from services.common.triton import MAX_MESSAGE_BYTES, Triton
 from tritongate.common.v1 import common_pb2
 from tritongate.config import TritonModelEntry
@@ -153,7 +154,8 @@ async def start_service(
     grace_s: float = 30.0,
 ) -> RunningService:
     """Start serving on host:port (0 picks a free port); health is NOT_SERVING until Triton is ready."""
-    server = grpc.aio.server(options=server_options(max_connection_age_ms, grace_s))
+    server = grpc.aio.server(interceptors=[MetricsInterceptor()],
+                             options=server_options(max_connection_age_ms, grace_s))
     spec.add_servicer(server)
     health_servicer = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -179,6 +181,8 @@ async def run_until_signalled(service: RunningService, grace_s: float) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    log.info("shutting down: draining requests in flight (grace %.0f s)", grace_s)
+    before = handled_by_code()
+    log.info("shutting down: draining %d RPCs in flight (grace %.0f s)", in_flight(), grace_s)
     await service.stop(grace_s)
-    log.info("stopped")
+    drained = {code: n - before.get(code, 0) for code, n in handled_by_code().items() if n > before.get(code, 0)}
+    log.info("stopped: RPCs finished while draining: %s", drained or "none")

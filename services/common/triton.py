@@ -55,8 +55,9 @@ def make_input(name: str, array: np.ndarray) -> InferInput:
 class Triton:
     """One aio client per Triton gRPC address, shared by all models of a service."""
 
-    def __init__(self) -> None:
+    def __init__(self, timeout_s: float = 60.0) -> None:
         self._clients: dict[str, InferenceServerClient] = {}
+        self.timeout_s = timeout_s  # for calls that carry no deadline of their own
 
     def client(self, url: str) -> InferenceServerClient:
         if url not in self._clients:
@@ -96,7 +97,7 @@ class Triton:
                 model,
                 [make_input(name, array) for name, array in inputs.items()],
                 outputs=[InferRequestedOutput(name) for name in outputs],
-                client_timeout=timeout,
+                client_timeout=timeout or self.timeout_s,
             )
         except InferenceServerException as exc:
             raise triton_error(exc, model) from None

@@ -45,6 +45,7 @@ class Embedder(EncoderModel):
     def __init__(self, entry: EmbeddingModel, triton: Triton) -> None:
         super().__init__(entry, triton)
         self.pooling: Pooling = folder_pooling(entry.path) if entry.pooling == "auto" else entry.pooling  # type: ignore[assignment]
+        self.post = lambda output, mask: pool(output, mask, self.pooling)
 
     def configured_output(self) -> str | None:
         return self.entry.output_name
@@ -84,11 +85,7 @@ class Embedder(EncoderModel):
         if request.dimensions and self.dimensions and request.dimensions > self.dimensions:
             raise invalid_argument(f"`dimensions` is {request.dimensions}, but `{self.name}` has "
                                    f"{self.dimensions}", "dimensions")
-
-        def post(output: np.ndarray, mask: np.ndarray) -> np.ndarray:
-            return pool(output, mask, self.pooling)
-
-        vectors = await self.run([Row(ids) for ids in rows], post, timeout)
+        vectors = await self.run([Row(ids) for ids in rows], timeout)
         if request.dimensions:
             vectors = vectors[:, : request.dimensions]
         if self.entry.normalize:

