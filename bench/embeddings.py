@@ -23,9 +23,9 @@ from tritonclient.grpc.aio import InferenceServerClient
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import closed_loop, private_stack, ratio, summarize  # noqa: E402
-from services.common.triton import make_input  # noqa: E402
-from tritongate.settings import default_models_dir  # noqa: E402
+from bench.common import closed_loop, private_stack, ratio, summarize
+from services.common.triton import make_input
+from tritongate.settings import default_models_dir
 
 MODEL = "all-minilm-l6-v2"
 WORKLOADS = [(1, 1), (1, 8), (1, 32), (16, 1), (16, 8)]  # (sentences per request, concurrency)

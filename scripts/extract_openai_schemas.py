@@ -33,7 +33,8 @@ def refs(node: Any) -> set[str]:
 
 
 def main() -> None:
-    document = yaml.load(open(sys.argv[1]), Loader=yaml.CSafeLoader if hasattr(yaml, "CSafeLoader") else yaml.SafeLoader)
+    with open(sys.argv[1]) as file:
+        document = yaml.load(file, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     schemas = document["components"]["schemas"]
     keep: dict[str, Any] = {}
     todo = list(ROOTS)

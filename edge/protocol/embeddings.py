@@ -22,9 +22,7 @@ class EmbeddingRequest(OpenAIRequest):
     @classmethod
     def _input(cls, value: Any) -> str | list[str] | list[list[int]]:
         """Normalise to a list of strings or a list of token-id lists, with clear messages."""
-        if isinstance(value, str):
-            value = [value]
-        elif is_token_ids(value) and value:
+        if isinstance(value, str) or (is_token_ids(value) and value):
             value = [value]
         if not isinstance(value, list):
             raise ValueError(f"'input' must be {INPUT_SHAPES}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+
 import numpy as np
 
 from services.common.encoder import EncoderModel, Row

@@ -97,7 +97,7 @@ async def test_errors_carry_a_code_and_the_parameter(service: RunningService, re
 
 async def test_without_triton_the_service_is_not_serving_and_says_unavailable(
         model_config_file: Path, tmp_path: Path) -> None:
-    config = json.loads(model_config_file.read_text())
+    config = json.loads(model_config_file.read_text())  # noqa: ASYNC240 (test set-up)
     for entry in config["embedding"]:
         entry["url"] = f"127.0.0.1:{free_port()}"  # nothing listens there
     dead = tmp_path / "dead.json"

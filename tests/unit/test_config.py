@@ -67,7 +67,7 @@ def test_unreadable_files(tmp_path: Path) -> None:
         load_model_config(tmp_path / "missing.json")
     broken = tmp_path / "broken.json"
     broken.write_text('{"llm": [}')
-    with pytest.raises(ConfigError, match="not valid JSON: .* line 1 column 10"):
+    with pytest.raises(ConfigError, match=r"not valid JSON: .* line 1 column 10"):
         load_model_config(broken)
 
 

@@ -5,12 +5,12 @@ _site = os.environ.get("TRITONGATE_SITE_PACKAGES")
 if _site:  # the Python-backend stub runs the base interpreter; use the venv's packages first
     sys.path.insert(0, _site)
 
-import json  # noqa: E402
+import json
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import triton_python_backend_utils as pb_utils  # noqa: E402
-from transformers import AutoModel  # noqa: E402
+import numpy as np
+import torch
+import triton_python_backend_utils as pb_utils
+from transformers import AutoModel
 
 
 class TritonPythonModel:
@@ -39,7 +39,7 @@ class TritonPythonModel:
         row = 0
         for tensors in batch:
             n, length = tensors[0].shape
-            for target, source in zip(padded, tensors):
+            for target, source in zip(padded, tensors, strict=True):
                 target[row:row + n, :length] = source
             row += n
         ids, mask, types = (torch.from_numpy(a) for a in padded)
@@ -50,7 +50,7 @@ class TritonPythonModel:
         hidden, pooled = hidden.numpy(), pooled.numpy()
 
         responses, row = [], 0
-        for request, (ids, _, _) in zip(requests, batch):
+        for request, (ids, _, _) in zip(requests, batch, strict=True):
             n, length = ids.shape
             wanted = set(request.requested_output_names())
             outputs = []
