@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from edge.errors import OpenAIError
@@ -31,17 +33,23 @@ class BodySizeLimit:
             await self._error().response()(scope, receive, send)
             return
         received = 0
+        exceeded = False
 
         async def limited_receive() -> Message:
-            nonlocal received
+            nonlocal received, exceeded
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.max_bytes:
+                    exceeded = True
                     raise BodyTooLarge
             return message
 
-        try:
-            await self.app(scope, limited_receive, send)
-        except BodyTooLarge:
+        async def guarded_send(message: Message) -> None:
+            if not exceeded:  # the framework answers a failed body read with its own error: replace it
+                await send(message)
+
+        with contextlib.suppress(BodyTooLarge):
+            await self.app(scope, limited_receive, guarded_send)
+        if exceeded:
             await self._error().response()(scope, receive, send)

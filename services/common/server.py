@@ -17,13 +17,17 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
-from services.common.errors import model_not_found
+from services.common.errors import model_not_found, rpc
 from services.common.metrics import MetricsInterceptor, handled_by_code, in_flight
 from services.common.triton import MAX_MESSAGE_BYTES, Triton
 from tritongate.common.v1 import common_pb2
 from tritongate.config import TritonModelEntry
 
 log = logging.getLogger(__name__)
+
+# Health service name that is SERVING while the process runs, whatever Triton does (liveness probes);
+# "" and the service's own name follow Triton's readiness (readiness probes, load balancers).
+LIVENESS = "liveness"
 
 
 class ServedModel:
@@ -103,6 +107,18 @@ def server_options(max_connection_age_ms: int, grace_s: float) -> list[tuple[str
     ]
 
 
+class ListModelsServicer(Generic[M]):
+    """The ListModels RPC every servicer has."""
+
+    def __init__(self, models: ModelSet[M]) -> None:
+        self.models = models
+
+    @rpc
+    async def ListModels(self, request: common_pb2.ListModelsRequest, context: grpc.aio.ServicerContext
+                         ) -> common_pb2.ListModelsResponse:
+        return self.models.list_models()
+
+
 @dataclass
 class ServiceSpec:
     """What a service contributes to the shared server: its gRPC name, servicer and models."""
@@ -110,6 +126,13 @@ class ServiceSpec:
     name: str
     add_servicer: Callable[[grpc.aio.Server], None]
     models: ModelSet[Any]
+
+    @classmethod
+    def of(cls, pb2: Any, service: str, add: Callable[[Any, grpc.aio.Server], None],
+           servicer: ListModelsServicer[Any]) -> ServiceSpec:
+        """E.g. ServiceSpec.of(embed_pb2, "EmbedService", add_EmbedServiceServicer_to_server, servicer)."""
+        return cls(pb2.DESCRIPTOR.services_by_name[service].full_name,
+                   lambda server: add(servicer, server), servicer.models)
 
 
 @dataclass
@@ -168,6 +191,7 @@ async def start_service(
         raise OSError(f"cannot listen on {host}:{port}")
     for name in ("", spec.name):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+    await health_servicer.set(LIVENESS, health_pb2.HealthCheckResponse.SERVING)
     await server.start()
     log.info("%s listening on %s:%d", spec.name, host, bound)
     watcher = asyncio.create_task(_watch_readiness(spec.models, health_servicer, ("", spec.name)))

@@ -1,4 +1,4 @@
-"""Wiring of the embedding service."""
+"""Wiring of the embed service."""
 
 from __future__ import annotations
 
@@ -11,10 +11,5 @@ from tritongate.embed.v1 import embed_pb2, embed_pb2_grpc
 
 
 def build(config: ModelConfig, triton: Triton) -> ServiceSpec:
-    models = ModelSet(Embedder(entry, triton) for entry in config.embedding)
-    servicer = EmbedServicer(models)
-    return ServiceSpec(
-        name=embed_pb2.DESCRIPTOR.services_by_name["EmbedService"].full_name,
-        add_servicer=lambda server: embed_pb2_grpc.add_EmbedServiceServicer_to_server(servicer, server),
-        models=models,
-    )
+    servicer = EmbedServicer(ModelSet(Embedder(entry, triton) for entry in config.embedding))
+    return ServiceSpec.of(embed_pb2, "EmbedService", embed_pb2_grpc.add_EmbedServiceServicer_to_server, servicer)

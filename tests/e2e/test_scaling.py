@@ -12,17 +12,21 @@ import signal
 import socket
 import struct
 import subprocess
+import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import grpc
 import httpx
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
+from services.common.server import LIVENESS
 from tests.conftest import _spawn, free_port, grpc_serving, wait_until
 from tritongate.triton_local import TritonProcess
 
@@ -66,7 +70,7 @@ class LoopbackDns:
                 end += query[end] + 1
             qtype = struct.unpack(">H", query[end + 1:end + 3])[0]
             question = query[12:end + 5]
-            records = [a for a in self.addresses] if qtype == 1 else []
+            records = list(self.addresses) if qtype == 1 else []  # 1: A
             answers = b"".join(struct.pack(">HHHIH", 0xC00C, 1, 1, 0, 4) + socket.inet_aton(a) for a in records)
             header = struct.pack(">HHHHHH", struct.unpack(">H", query[:2])[0], 0x8180, 1, len(records), 0, 0)
             self.sock.sendto(header + question + answers, peer)
@@ -200,7 +204,7 @@ class Load:
         self._pool.shutdown()
 
 
-def until(check, timeout: float, what: str) -> float:  # type: ignore[no-untyped-def]
+def until(check: Callable[[], bool], timeout: float, what: str) -> float:
     """Poll `check` every 50 ms; return the seconds it took."""
     start = time.monotonic()
     while not check():
@@ -231,18 +235,49 @@ def cluster(triton: TritonProcess, model_config_file: Path, tmp_path_factory: py
         cluster.stop()
 
 
+@dataclass
+class Pair:
+    a: Replica
+    b: Replica
+    url: str
+    edge: subprocess.Popen[bytes]
+
+
 @pytest.fixture(scope="module")
-def two_replicas(cluster: Cluster) -> tuple[Replica, Replica, str]:
+def two_replicas(cluster: Cluster) -> Pair:
     """Replicas on 127.0.0.2 and 127.0.0.3 (same port) behind an edge with a two-address target."""
     a, b = cluster.replica("127.0.0.2"), cluster.replica("127.0.0.3")
     url, edge = cluster.edge(f"ipv4:{a.address},{b.address}")
     wait_serving(a, b)
     wait_edge(url, edge)
-    return a, b, url
+    return Pair(a, b, url, edge)
 
 
-def test_round_robin_spreads_requests_over_both_replicas(two_replicas: tuple[Replica, Replica, str]) -> None:
-    a, b, url = two_replicas
+def tritongate_health(*args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
+    result = subprocess.run([sys.executable, "-m", "tritongate.cli", "health", *args], capture_output=True,
+                            text=True, env=env, timeout=30)
+    return result.returncode, result.stdout.strip()
+
+
+def test_health_probes_of_compose_and_kubernetes(two_replicas: Pair) -> None:
+    a, url = two_replicas.a, two_replicas.url
+    # `tritongate health embed` as the compose health check runs it: the configured host and port.
+    env = dict(os.environ, TRITONGATE_SERVICE_HOST=a.host, TRITONGATE_EMBED_PORT=str(a.port))
+    assert tritongate_health("embed", env=env) == (0, f"{a.address}: SERVING")
+    assert tritongate_health(f"{url}/health")[0] == 0
+    down = f"127.0.0.1:{free_port()}"
+    assert tritongate_health(down, "--timeout", "0.5") == (1, f"{down}: unreachable: UNAVAILABLE")
+    assert tritongate_health(f"http://127.0.0.1:{free_port()}/health", "--timeout", "0.5")[0] == 1
+    # Kubernetes' liveness probe asks for the `liveness` health service; readiness for "".
+    with grpc.insecure_channel(a.address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        for name in (LIVENESS, "", "tritongate.embed.v1.EmbedService"):
+            status = stub.Check(health_pb2.HealthCheckRequest(service=name), timeout=5).status
+            assert status == health_pb2.HealthCheckResponse.SERVING, name
+
+
+def test_round_robin_spreads_requests_over_both_replicas(two_replicas: Pair) -> None:
+    a, b, url = two_replicas.a, two_replicas.b, two_replicas.url
     before = a.served(), b.served()
     with ThreadPoolExecutor(4) as pool, httpx.Client(base_url=url, timeout=30) as client:
         statuses = list(pool.map(lambda _: embed(client).status_code, range(400)))
@@ -251,11 +286,13 @@ def test_round_robin_spreads_requests_over_both_replicas(two_replicas: tuple[Rep
     print(f"\nreplica split of 400 requests: {a.host} {served[0] / 4:.1f}%, {b.host} {served[1] / 4:.1f}%")
     assert sum(served) == 400  # each request was one Embed RPC: no retries, nothing lost
     assert all(140 <= n <= 260 for n in served), served
+    # The image has no torch: neither the services nor the edge load it, even where it is installed.
+    for pid in (a.process.pid, b.process.pid, two_replicas.edge.pid):
+        assert "libtorch" not in Path(f"/proc/{pid}/maps").read_text()
 
 
-def test_failover_sigkill_then_sigterm_with_a_third_replica(cluster: Cluster,
-                                                            two_replicas: tuple[Replica, Replica, str]) -> None:
-    a, b, url = two_replicas
+def test_failover_sigkill_then_sigterm_with_a_third_replica(cluster: Cluster, two_replicas: Pair) -> None:
+    a, b, url = two_replicas.a, two_replicas.b, two_replicas.url
     # SIGKILL one of two replicas under load: its requests in flight are retried on the other.
     with Load(url, max_requests=3000, max_seconds=20) as load:
         until(lambda: load.ok >= 100, 15, "load before the kill")
