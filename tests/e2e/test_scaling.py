@@ -60,20 +60,22 @@ class LoopbackDns:
         threading.Thread(target=self._serve, daemon=True).start()
 
     def _serve(self) -> None:
-        while True:
-            try:
-                query, peer = self.sock.recvfrom(512)
-            except OSError:  # closed
-                return
-            end = 12
-            while query[end]:
-                end += query[end] + 1
-            qtype = struct.unpack(">H", query[end + 1:end + 3])[0]
-            question = query[12:end + 5]
-            records = list(self.addresses) if qtype == 1 else []  # 1: A
-            answers = b"".join(struct.pack(">HHHIH", 0xC00C, 1, 1, 0, 4) + socket.inet_aton(a) for a in records)
-            header = struct.pack(">HHHHHH", struct.unpack(">H", query[:2])[0], 0x8180, 1, len(records), 0, 0)
-            self.sock.sendto(header + question + answers, peer)
+        try:
+            while True:
+                self._answer(*self.sock.recvfrom(512))
+        except OSError:  # closed
+            return
+
+    def _answer(self, query: bytes, peer: tuple[str, int]) -> None:
+        end = 12
+        while query[end]:
+            end += query[end] + 1
+        qtype = struct.unpack(">H", query[end + 1:end + 3])[0]
+        question = query[12:end + 5]
+        records = list(self.addresses) if qtype == 1 else []  # 1: A
+        answers = b"".join(struct.pack(">HHHIH", 0xC00C, 1, 1, 0, 4) + socket.inet_aton(a) for a in records)
+        header = struct.pack(">HHHHHH", struct.unpack(">H", query[:2])[0], 0x8180, 1, len(records), 0, 0)
+        self.sock.sendto(header + question + answers, peer)
 
     def close(self) -> None:
         self.sock.close()

@@ -1,0 +1,96 @@
+"""Rerank throughput and latency: through the edge vs straight to Triton, same model, same documents.
+
+    python bench/rerank.py [--seconds 10] > result.json
+
+Starts its own Triton (only the demo reranker), rerank service and edge on free ports. One query with
+20, 100 and 500 documents of about 100 tokens per request. The direct path tokenizes the pairs with
+the same tokenizer, sends them to Triton in requests of the model's batch size (64) concurrently, and
+sorts the scores. Prints one JSON document; ratio = edge / direct.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+from transformers import AutoTokenizer
+from tritonclient.grpc.aio import InferenceServerClient
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import closed_loop, private_stack, ratio, summarize
+from services.common.triton import make_input
+from tritongate.settings import default_models_dir
+
+MODEL = "minilm-rerank"
+QUERY = "Which rules govern the wholesale and storage of finished oil in the province?"
+TOPICS = ["finished oil wholesale", "river flood defences", "bakery opening hours", "laptop repair",
+          "storage licences", "market supervision", "school timetables", "fair competition"]
+WORKLOADS = [(20, 1), (100, 1), (500, 1), (100, 4)]  # (documents per request, concurrency)
+
+
+def document(i: int) -> str:
+    """About 100 tokens of varied, partly relevant text."""
+    topic = TOPICS[i % len(TOPICS)]
+    return (f"Article {i} on {topic}. " + f"The department responsible for {topic} shall publish rules, "
+            "keep records of every operator, inspect premises at least once a year, and report "
+            f"violations to the competent authority within ten working days. Case {i}: " * 3)[:600]
+
+
+async def run(seconds: float) -> dict[str, Any]:
+    path = str(default_models_dir() / "all-minilm-l6-v2")
+    entry = {"name": MODEL, "path": path, "max_tokens": 256, "output_config": {"name": "logits"}}
+    with private_stack({"rerank": [entry]}, [MODEL]) as stack:
+        assert stack.triton is not None
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        triton = InferenceServerClient(stack.triton.grpc_url)
+        http = aiohttp.ClientSession(stack.edge_url, connector=aiohttp.TCPConnector(limit=64))
+
+        async def direct(documents: list[str]) -> None:
+            async def chunk(part: list[str]) -> np.ndarray:
+                encoded = tokenizer([QUERY] * len(part), part, padding=True, truncation="only_second",
+                                    max_length=256, return_tensors="np")
+                result = await triton.infer(MODEL, [make_input(name, encoded[name].astype(np.int64))
+                                                    for name in ("input_ids", "attention_mask", "token_type_ids")])
+                return result.as_numpy("logits")[:, 0]
+
+            logits = await asyncio.gather(*(chunk(documents[i:i + 64]) for i in range(0, len(documents), 64)))
+            np.argsort(-1 / (1 + np.exp(-np.concatenate(logits))))
+
+        async def edge(documents: list[str]) -> None:
+            async with http.post("/v1/rerank", json={"model": MODEL, "query": QUERY, "documents": documents}) as r:
+                r.raise_for_status()
+                await r.read()
+
+        results = []
+        for size, concurrency in WORKLOADS:
+            row: dict[str, Any] = {"documents_per_request": size, "concurrency": concurrency}
+            for name, path_call in (("direct_triton", direct), ("edge", edge)):
+                async def call(i: int, path_call: Any = path_call, size: int = size) -> None:
+                    await path_call([document(i * size + k) for k in range(size)])
+
+                latencies, elapsed = await closed_loop(call, concurrency, seconds, warmup=3)
+                row[name] = summarize(latencies, elapsed, size)
+            row["documents_per_s_ratio"] = ratio(row["edge"]["items_per_s"], row["direct_triton"]["items_per_s"])
+            row["added_p50_ms"] = round(row["edge"]["p50_ms"] - row["direct_triton"]["p50_ms"], 2)
+            print(json.dumps(row), file=sys.stderr)
+            results.append(row)
+        await http.close()
+        await triton.close()
+    return {"benchmark": "rerank", "model": MODEL, "seconds_per_point": seconds, "results": results}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=10.0, help="measured time per point and path")
+    print(json.dumps(asyncio.run(run(parser.parse_args().seconds)), indent=2))
+
+
+if __name__ == "__main__":
+    main()
