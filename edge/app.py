@@ -12,7 +12,7 @@ from edge.clients import ModelDirectory, open_backends
 from edge.errors import install_error_handlers
 from edge.limits import BodySizeLimit
 from edge.metrics import install_metrics
-from edge.routers import embeddings, health, models, rerank
+from edge.routers import chat, completions, embeddings, health, models, rerank
 from tritongate.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
@@ -40,7 +40,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     install_error_handlers(app)
-    for module in (models, embeddings, rerank, health):
+    for module in (models, chat, completions, embeddings, rerank, health):
         app.include_router(module.router)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     install_metrics(app)

@@ -88,6 +88,15 @@ class LlmModel(TritonModelEntry):
 
     chat_template: str | None = None
     backend: Literal["fastertransformer", "tensorrt_llm", "vllm"] = "fastertransformer"
+    # Extensions.
+    triton_inputs: dict[str, float] = Field(
+        default_factory=dict,
+        description="Constant scalar inputs added to every Triton request (e.g. FT's `len_penalty`), by "
+        "tensor name; the data type comes from the Triton model's configuration",
+    )
+    max_choices: Annotated[int, Field(gt=0)] = Field(
+        64, description="Most completions one request may ask for: prompts × `n` (each `n` is at most 16)"
+    )
 
 
 Pooling = Literal["auto", "cls", "mean", "none"]

@@ -74,6 +74,60 @@ class Chat(_message.Message):
 Global___Chat: _TypeAlias = Chat  # noqa: Y015
 
 @_typing.final
+class Prompt(_message.Message):
+    """One prompt to continue."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TEXT_FIELD_NUMBER: _builtins.int
+    TOKEN_IDS_FIELD_NUMBER: _builtins.int
+    text: _builtins.str
+    """A raw prompt."""
+    @_builtins.property
+    def token_ids(self) -> _common_pb2.TokenIds:
+        """A pre-tokenized prompt, sent as given."""
+
+    def __init__(
+        self,
+        *,
+        text: _builtins.str = ...,
+        token_ids: _common_pb2.TokenIds | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["prompt", b"prompt", "text", b"text", "token_ids", b"token_ids"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["prompt", b"prompt", "text", b"text", "token_ids", b"token_ids"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_prompt: _TypeAlias = _typing.Literal["text", "token_ids"]  # noqa: Y015
+    _WhichOneofArgType_prompt: _TypeAlias = _typing.Literal["prompt", b"prompt"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_prompt) -> _WhichOneofReturnType_prompt | None: ...
+
+Global___Prompt: _TypeAlias = Prompt  # noqa: Y015
+
+@_typing.final
+class Prompts(_message.Message):
+    """The prompts of a completions request."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROMPTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def prompts(self) -> _containers.RepeatedCompositeFieldContainer[Global___Prompt]:
+        """Each prompt gets `n` completions: prompt i's are choices i*n .. i*n+n-1."""
+
+    def __init__(
+        self,
+        *,
+        prompts: _abc.Iterable[Global___Prompt] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["prompts", b"prompts"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Prompts: _TypeAlias = Prompts  # noqa: Y015
+
+@_typing.final
 class GenerateRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -98,8 +152,7 @@ class GenerateRequest(_message.Message):
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
     MODEL_FIELD_NUMBER: _builtins.int
-    TEXT_FIELD_NUMBER: _builtins.int
-    TOKEN_IDS_FIELD_NUMBER: _builtins.int
+    PROMPTS_FIELD_NUMBER: _builtins.int
     CHAT_FIELD_NUMBER: _builtins.int
     N_FIELD_NUMBER: _builtins.int
     MAX_TOKENS_FIELD_NUMBER: _builtins.int
@@ -116,39 +169,40 @@ class GenerateRequest(_message.Message):
     TOP_LOGPROBS_FIELD_NUMBER: _builtins.int
     ECHO_FIELD_NUMBER: _builtins.int
     DO_SAMPLE_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     """Public model id."""
-    text: _builtins.str
-    """A raw prompt (completions)."""
     n: _builtins.int
-    """Number of independent completions; 0 means 1."""
+    """Number of independent completions per prompt; 0 means 1."""
     max_tokens: _builtins.int
     """Most tokens to generate per completion; unset means the rest of the context."""
     temperature: _builtins.float
-    """Sampling temperature; 0 means greedy."""
+    """Sampling temperature; 0 means greedy. Unset: the model's default (`model_infos`), else 1."""
     top_p: _builtins.float
-    """Nucleus sampling mass."""
+    """Nucleus sampling mass. Unset: the model's default, else 1 (no nucleus cut)."""
     top_k: _builtins.int
-    """Sample from the k most likely tokens; 0 means no limit."""
+    """Sample from the k most likely tokens; 0 means no limit. Unset: the model's default, else 0."""
     repetition_penalty: _builtins.float
-    """Multiplicative penalty on repeated tokens (1 = none)."""
+    """Multiplicative penalty on repeated tokens (1 = none). Unset: the model's default, else 1."""
     presence_penalty: _builtins.float
-    """OpenAI presence penalty."""
+    """OpenAI presence penalty; non-zero only where the backend has the knob."""
     frequency_penalty: _builtins.float
-    """OpenAI frequency penalty."""
+    """OpenAI frequency penalty; non-zero only where the backend has the knob."""
     seed: _builtins.int
-    """Seed that makes sampling repeatable."""
+    """Seed that makes sampling repeatable (completion i of a prompt uses seed + i); unset: random."""
     logprobs: _builtins.bool
-    """Return per-token log probabilities."""
+    """Return the log probability of each generated token."""
     top_logprobs: _builtins.int
     """Alternatives per position when logprobs is set."""
     echo: _builtins.bool
     """Send the prompt text back before the completion (completions `echo`)."""
     do_sample: _builtins.bool
     """false forces greedy decoding whatever the temperature."""
+    request_id: _builtins.str
+    """The caller's id for the request (e.g. the edge's `chatcmpl-…`), for logs."""
     @_builtins.property
-    def token_ids(self) -> _common_pb2.TokenIds:
-        """A pre-tokenized prompt (completions)."""
+    def prompts(self) -> Global___Prompts:
+        """One or more prompts (completions)."""
 
     @_builtins.property
     def chat(self) -> Global___Chat:
@@ -156,18 +210,17 @@ class GenerateRequest(_message.Message):
 
     @_builtins.property
     def stop(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """Strings that end a completion; cut from the output."""
+        """Strings that end a completion; matched on the decoded text and cut from the output."""
 
     @_builtins.property
     def logit_bias(self) -> _containers.ScalarMap[_builtins.int, _builtins.float]:
-        """Token id → bias added to its logit."""
+        """Token id → bias added to its logit (-100 bans the token)."""
 
     def __init__(
         self,
         *,
         model: _builtins.str = ...,
-        text: _builtins.str = ...,
-        token_ids: _common_pb2.TokenIds | None = ...,
+        prompts: Global___Prompts | None = ...,
         chat: Global___Chat | None = ...,
         n: _builtins.int = ...,
         max_tokens: _builtins.int | None = ...,
@@ -184,10 +237,11 @@ class GenerateRequest(_message.Message):
         top_logprobs: _builtins.int = ...,
         echo: _builtins.bool = ...,
         do_sample: _builtins.bool | None = ...,
+        request_id: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_do_sample", b"_do_sample", "_frequency_penalty", b"_frequency_penalty", "_max_tokens", b"_max_tokens", "_presence_penalty", b"_presence_penalty", "_repetition_penalty", b"_repetition_penalty", "_seed", b"_seed", "_temperature", b"_temperature", "_top_k", b"_top_k", "_top_p", b"_top_p", "chat", b"chat", "do_sample", b"do_sample", "frequency_penalty", b"frequency_penalty", "max_tokens", b"max_tokens", "presence_penalty", b"presence_penalty", "prompt", b"prompt", "repetition_penalty", b"repetition_penalty", "seed", b"seed", "temperature", b"temperature", "text", b"text", "token_ids", b"token_ids", "top_k", b"top_k", "top_p", b"top_p"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_do_sample", b"_do_sample", "_frequency_penalty", b"_frequency_penalty", "_max_tokens", b"_max_tokens", "_presence_penalty", b"_presence_penalty", "_repetition_penalty", b"_repetition_penalty", "_seed", b"_seed", "_temperature", b"_temperature", "_top_k", b"_top_k", "_top_p", b"_top_p", "chat", b"chat", "do_sample", b"do_sample", "frequency_penalty", b"frequency_penalty", "input", b"input", "max_tokens", b"max_tokens", "presence_penalty", b"presence_penalty", "prompts", b"prompts", "repetition_penalty", b"repetition_penalty", "seed", b"seed", "temperature", b"temperature", "top_k", b"top_k", "top_p", b"top_p"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_do_sample", b"_do_sample", "_frequency_penalty", b"_frequency_penalty", "_max_tokens", b"_max_tokens", "_presence_penalty", b"_presence_penalty", "_repetition_penalty", b"_repetition_penalty", "_seed", b"_seed", "_temperature", b"_temperature", "_top_k", b"_top_k", "_top_p", b"_top_p", "chat", b"chat", "do_sample", b"do_sample", "echo", b"echo", "frequency_penalty", b"frequency_penalty", "logit_bias", b"logit_bias", "logprobs", b"logprobs", "max_tokens", b"max_tokens", "model", b"model", "n", b"n", "presence_penalty", b"presence_penalty", "prompt", b"prompt", "repetition_penalty", b"repetition_penalty", "seed", b"seed", "stop", b"stop", "temperature", b"temperature", "text", b"text", "token_ids", b"token_ids", "top_k", b"top_k", "top_logprobs", b"top_logprobs", "top_p", b"top_p"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_do_sample", b"_do_sample", "_frequency_penalty", b"_frequency_penalty", "_max_tokens", b"_max_tokens", "_presence_penalty", b"_presence_penalty", "_repetition_penalty", b"_repetition_penalty", "_seed", b"_seed", "_temperature", b"_temperature", "_top_k", b"_top_k", "_top_p", b"_top_p", "chat", b"chat", "do_sample", b"do_sample", "echo", b"echo", "frequency_penalty", b"frequency_penalty", "input", b"input", "logit_bias", b"logit_bias", "logprobs", b"logprobs", "max_tokens", b"max_tokens", "model", b"model", "n", b"n", "presence_penalty", b"presence_penalty", "prompts", b"prompts", "repetition_penalty", b"repetition_penalty", "request_id", b"request_id", "seed", b"seed", "stop", b"stop", "temperature", b"temperature", "top_k", b"top_k", "top_logprobs", b"top_logprobs", "top_p", b"top_p"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__do_sample: _TypeAlias = _typing.Literal["do_sample"]  # noqa: Y015
     _WhichOneofArgType__do_sample: _TypeAlias = _typing.Literal["_do_sample", b"_do_sample"]  # noqa: Y015
@@ -207,8 +261,8 @@ class GenerateRequest(_message.Message):
     _WhichOneofArgType__top_k: _TypeAlias = _typing.Literal["_top_k", b"_top_k"]  # noqa: Y015
     _WhichOneofReturnType__top_p: _TypeAlias = _typing.Literal["top_p"]  # noqa: Y015
     _WhichOneofArgType__top_p: _TypeAlias = _typing.Literal["_top_p", b"_top_p"]  # noqa: Y015
-    _WhichOneofReturnType_prompt: _TypeAlias = _typing.Literal["text", "token_ids", "chat"]  # noqa: Y015
-    _WhichOneofArgType_prompt: _TypeAlias = _typing.Literal["prompt", b"prompt"]  # noqa: Y015
+    _WhichOneofReturnType_input: _TypeAlias = _typing.Literal["prompts", "chat"]  # noqa: Y015
+    _WhichOneofArgType_input: _TypeAlias = _typing.Literal["input", b"input"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__do_sample) -> _WhichOneofReturnType__do_sample | None: ...
     @_typing.overload
@@ -228,12 +282,72 @@ class GenerateRequest(_message.Message):
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__top_p) -> _WhichOneofReturnType__top_p | None: ...
     @_typing.overload
-    def WhichOneof(self, oneof_group: _WhichOneofArgType_prompt) -> _WhichOneofReturnType_prompt | None: ...
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_input) -> _WhichOneofReturnType_input | None: ...
 
 Global___GenerateRequest: _TypeAlias = GenerateRequest  # noqa: Y015
 
 @_typing.final
-class GenerateResponse(_message.Message):
+class Accepted(_message.Message):
+    """The request is valid and generation has started."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROMPT_TOKENS_FIELD_NUMBER: _builtins.int
+    CHOICES_FIELD_NUMBER: _builtins.int
+    prompt_tokens: _builtins.int
+    """Tokens in the prompts (each prompt counted once, whatever `n`)."""
+    choices: _builtins.int
+    """Completions that will follow: prompts × n, indexed 0 .. choices-1."""
+    def __init__(
+        self,
+        *,
+        prompt_tokens: _builtins.int = ...,
+        choices: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["choices", b"choices", "prompt_tokens", b"prompt_tokens"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Accepted: _TypeAlias = Accepted  # noqa: Y015
+
+@_typing.final
+class TokenLogprob(_message.Message):
+    """The log probability of one generated token."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOKEN_FIELD_NUMBER: _builtins.int
+    LOGPROB_FIELD_NUMBER: _builtins.int
+    BYTES_FIELD_NUMBER: _builtins.int
+    TEXT_OFFSET_FIELD_NUMBER: _builtins.int
+    token: _builtins.str
+    """The token as text (a token that is part of a multi-byte character decodes to U+FFFD)."""
+    logprob: _builtins.float
+    """Its log probability."""
+    bytes: _builtins.bytes
+    """Its UTF-8 bytes (empty when the tokenizer cannot tell)."""
+    text_offset: _builtins.int
+    """Where the token's text starts in the completion's text (echoed prompt included), in characters."""
+    def __init__(
+        self,
+        *,
+        token: _builtins.str = ...,
+        logprob: _builtins.float = ...,
+        bytes: _builtins.bytes = ...,
+        text_offset: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes", b"bytes", "logprob", b"logprob", "text_offset", b"text_offset", "token", b"token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TokenLogprob: _TypeAlias = TokenLogprob  # noqa: Y015
+
+@_typing.final
+class Delta(_message.Message):
     """One increment of one completion."""
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -241,16 +355,16 @@ class GenerateResponse(_message.Message):
     INDEX_FIELD_NUMBER: _builtins.int
     TEXT_FIELD_NUMBER: _builtins.int
     FINISH_REASON_FIELD_NUMBER: _builtins.int
-    USAGE_FIELD_NUMBER: _builtins.int
+    LOGPROBS_FIELD_NUMBER: _builtins.int
     index: _builtins.int
-    """Which completion (0 .. n-1) this increment belongs to."""
+    """Which completion (0 .. choices-1) this increment belongs to."""
     text: _builtins.str
-    """Text produced since the previous increment of this completion."""
+    """Text produced since the previous increment of this completion (whole characters only)."""
     finish_reason: _builtins.str
     """Empty while generating; "stop" or "length" on the completion's last increment."""
     @_builtins.property
-    def usage(self) -> _common_pb2.Usage:
-        """Token accounting over all completions; set only on the stream's last message."""
+    def logprobs(self) -> _containers.RepeatedCompositeFieldContainer[Global___TokenLogprob]:
+        """Log probabilities of the tokens behind `text`, when requested."""
 
     def __init__(
         self,
@@ -258,12 +372,50 @@ class GenerateResponse(_message.Message):
         index: _builtins.int = ...,
         text: _builtins.str = ...,
         finish_reason: _builtins.str = ...,
-        usage: _common_pb2.Usage | None = ...,
+        logprobs: _abc.Iterable[Global___TokenLogprob] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["usage", b"usage"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["finish_reason", b"finish_reason", "index", b"index", "text", b"text", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["finish_reason", b"finish_reason", "index", b"index", "logprobs", b"logprobs", "text", b"text"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Delta: _TypeAlias = Delta  # noqa: Y015
+
+@_typing.final
+class GenerateResponse(_message.Message):
+    """One message of a Generate stream."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ACCEPTED_FIELD_NUMBER: _builtins.int
+    DELTA_FIELD_NUMBER: _builtins.int
+    USAGE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def accepted(self) -> Global___Accepted:
+        """First message: the request was accepted."""
+
+    @_builtins.property
+    def delta(self) -> Global___Delta:
+        """An increment of one completion."""
+
+    @_builtins.property
+    def usage(self) -> _common_pb2.Usage:
+        """Last message: token accounting over all completions."""
+
+    def __init__(
+        self,
+        *,
+        accepted: Global___Accepted | None = ...,
+        delta: Global___Delta | None = ...,
+        usage: _common_pb2.Usage | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "delta", b"delta", "event", b"event", "usage", b"usage"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "delta", b"delta", "event", b"event", "usage", b"usage"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["accepted", "delta", "usage"]  # noqa: Y015
+    _WhichOneofArgType_event: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_event) -> _WhichOneofReturnType_event | None: ...
 
 Global___GenerateResponse: _TypeAlias = GenerateResponse  # noqa: Y015

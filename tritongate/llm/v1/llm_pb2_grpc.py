@@ -51,7 +51,10 @@ class LlmServiceServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Generate(self, request, context):
-        """Generates `n` completions for one prompt, streaming text as it is produced.
+        """Generates `n` completions per prompt, streaming text as it is produced. The first message
+        (`accepted`) comes once the request is valid, before any token; then `delta`s; the last message
+        is the `usage`. A request the service rejects fails before `accepted` (INVALID_ARGUMENT with the
+        parameter in the `tg-param` trailing metadata). Cancelling the call cancels the Triton requests.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -33,7 +33,11 @@ class LlmServiceStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> LlmServiceAsyncStub: ...
     Generate: _grpc.UnaryStreamMultiCallable[_llm_pb2.GenerateRequest, _llm_pb2.GenerateResponse]
-    """Generates `n` completions for one prompt, streaming text as it is produced."""
+    """Generates `n` completions per prompt, streaming text as it is produced. The first message
+    (`accepted`) comes once the request is valid, before any token; then `delta`s; the last message
+    is the `usage`. A request the service rejects fails before `accepted` (INVALID_ARGUMENT with the
+    parameter in the `tg-param` trailing metadata). Cancelling the call cancels the Triton requests.
+    """
     ListModels: _grpc.UnaryUnaryMultiCallable[_common_pb2.ListModelsRequest, _common_pb2.ListModelsResponse]
     """Lists the LLMs this service serves."""
 
@@ -41,7 +45,11 @@ class LlmServiceStub:
 class LlmServiceAsyncStub(LlmServiceStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     Generate: _aio.UnaryStreamMultiCallable[_llm_pb2.GenerateRequest, _llm_pb2.GenerateResponse]  # type: ignore[assignment]
-    """Generates `n` completions for one prompt, streaming text as it is produced."""
+    """Generates `n` completions per prompt, streaming text as it is produced. The first message
+    (`accepted`) comes once the request is valid, before any token; then `delta`s; the last message
+    is the `usage`. A request the service rejects fails before `accepted` (INVALID_ARGUMENT with the
+    parameter in the `tg-param` trailing metadata). Cancelling the call cancels the Triton requests.
+    """
     ListModels: _aio.UnaryUnaryMultiCallable[_common_pb2.ListModelsRequest, _common_pb2.ListModelsResponse]  # type: ignore[assignment]
     """Lists the LLMs this service serves."""
 
@@ -52,7 +60,11 @@ class LlmServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _llm_pb2.GenerateRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_llm_pb2.GenerateResponse], _abc.AsyncIterator[_llm_pb2.GenerateResponse]]:
-        """Generates `n` completions for one prompt, streaming text as it is produced."""
+        """Generates `n` completions per prompt, streaming text as it is produced. The first message
+        (`accepted`) comes once the request is valid, before any token; then `delta`s; the last message
+        is the `usage`. A request the service rejects fails before `accepted` (INVALID_ARGUMENT with the
+        parameter in the `tg-param` trailing metadata). Cancelling the call cancels the Triton requests.
+        """
 
     @_abc_1.abstractmethod
     def ListModels(

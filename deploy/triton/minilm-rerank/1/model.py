@@ -1,8 +1,9 @@
-import os, sys
+import os
+import sys
+
 _site = os.environ.get("TRITONGATE_SITE_PACKAGES")
 if _site:  # the Python-backend stub runs the base interpreter; use the venv's packages first
     sys.path.insert(0, _site)
-
 
 # Demo reranker on the cross-encoder tensor interface, built on the MiniLM-L6 bi-encoder.
 #
@@ -36,22 +37,24 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
         path = os.path.join(os.environ["TRITONGATE_MODELS_DIR"], ENCODER_DIR)
-        self.scorer = Scorer(path, params.get("encoding", "pair"),
-                             float(params.get("scale", 20.0)), float(params.get("bias", -16.0)))
+        self.scorer = Scorer(
+            path, params.get("encoding", "pair"), float(params.get("scale", 20.0)), float(params.get("bias", -16.0))
+        )
 
     def execute(self, requests):
         batch, responses = [], [None] * len(requests)
         for i, request in enumerate(requests):
-            ids, mask, types = (_input(request, name) for name in
-                                ("input_ids", "attention_mask", "token_type_ids"))
+            ids, mask, types = (_input(request, name) for name in ("input_ids", "attention_mask", "token_type_ids"))
             error = self.scorer.check(ids, mask, types)
             if error:
-                responses[i] = pb_utils.InferenceResponse(error=pb_utils.TritonError(error))
+                responses[i] = pb_utils.InferenceResponse(
+                    error=pb_utils.TritonError(error, pb_utils.TritonError.INVALID_ARG)
+                )
             else:
                 batch.append((i, ids, mask, types))
         if batch:
             logits = self.scorer.score([b[1:] for b in batch])
-            for (i, *_), part in zip(batch, logits):
+            for (i, *_), part in zip(batch, logits, strict=True):
                 out = pb_utils.Tensor("logits", part.reshape(-1, 1))
                 responses[i] = pb_utils.InferenceResponse(output_tensors=[out])
         return responses
@@ -87,10 +90,13 @@ class Scorer:
     @torch.inference_mode()
     def score(self, requests):
         """requests: list of (input_ids, attention_mask, token_type_ids or None), each [n_i, len_i]."""
-        width = max(ids.shape[1] for ids, _, _ in requests)
-        ids, mask, types = (torch.from_numpy(np.concatenate(
-            [_pad(r[k] if r[k] is not None else self._types(r[0]), width) for r in requests]))
-            for k in range(3))
+        width = max(r[0].shape[1] for r in requests)
+        ids, mask, types = (
+            torch.from_numpy(
+                np.concatenate([_pad(r[k] if r[k] is not None else self._types(r[0]), width) for r in requests])
+            )
+            for k in range(3)
+        )
         in_doc = mask.bool() & (types == 1)
         in_query = mask.bool() & (types == 0)
         if self.encoding == "pair":
@@ -99,7 +105,7 @@ class Scorer:
         else:
             query_vecs, doc_vecs = self._encode_queries(ids, in_query), self._encode_docs(ids, in_doc)
         logits = self.scale * F.cosine_similarity(query_vecs, doc_vecs) + self.bias
-        sizes = [ids.shape[0] for ids, _, _ in requests]
+        sizes = [r[0].shape[0] for r in requests]
         return [part.numpy().astype(np.float32) for part in torch.split(logits, sizes)]
 
     def _types(self, ids):
@@ -115,7 +121,7 @@ class Scorer:
 
     def _encode_docs(self, ids, in_doc):
         # The document segment `d [SEP]` gets a [CLS] in front, as if it had been tokenized alone.
-        rows = [torch.cat([ids.new_tensor([self.cls_id]), row[keep]]) for row, keep in zip(ids, in_doc)]
+        rows = [torch.cat([ids.new_tensor([self.cls_id]), row[keep]]) for row, keep in zip(ids, in_doc, strict=True)]
         docs = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True)
         lengths = torch.tensor([len(r) for r in rows])
         return self._embed(docs, (torch.arange(docs.shape[1]) < lengths[:, None]).long())

@@ -1,0 +1,129 @@
+"""POST /v1/completions: the request in the order of OpenAI's CreateCompletionRequest (our extensions
+last), and the shape of its responses and stream chunks (the same object, `text_completion`)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import Field, field_validator
+
+from edge.errors import bad_request
+from edge.protocol.common import OpenAIRequest, is_token_ids
+from edge.protocol.generation import (
+    Collected,
+    N,
+    Penalty,
+    RepetitionPenalty,
+    Seed,
+    StreamOptions,
+    Temperature,
+    TopK,
+    TopP,
+    check_stream_options,
+    logit_bias_map,
+    stop_list,
+    usage_object,
+)
+from tritongate.common.v1 import common_pb2
+from tritongate.llm.v1 import llm_pb2
+
+PROMPT_SHAPES = "a string, an array of strings, an array of token ids, or an array of token-id arrays"
+
+
+class CompletionRequest(OpenAIRequest):
+    model: str
+    prompt: Any = Field(...)
+    best_of: Annotated[int, Field(ge=0, le=20)] | None = None
+    echo: bool | None = False
+    frequency_penalty: Penalty | None = None
+    logit_bias: dict[int, float] | None = None
+    logprobs: Annotated[int, Field(ge=0, le=5)] | None = None
+    max_tokens: Annotated[int, Field(ge=0)] | None = None
+    n: N | None = None
+    presence_penalty: Penalty | None = None
+    seed: Seed | None = None
+    stop: Any = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    suffix: str | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    user: str | None = None
+    # Extensions (vLLM, Chinese-LLaMA-Alpaca's server).
+    top_k: TopK | None = None
+    repetition_penalty: RepetitionPenalty | None = None
+    do_sample: bool | None = None
+    num_beams: Annotated[int, Field(ge=1, le=1)] | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt(cls, value: Any) -> list[str] | list[list[int]]:
+        """Normalised to a list of strings or a list of token-id lists."""
+        if isinstance(value, str) or (is_token_ids(value) and value):
+            value = [value]
+        if not isinstance(value, list) or not value:
+            raise ValueError(f"'prompt' must be {PROMPT_SHAPES}, and not empty")
+        if all(isinstance(item, str) for item in value):
+            return value
+        if all(is_token_ids(item) for item in value):
+            for ids in value:
+                if not ids:
+                    raise ValueError("'prompt' must not contain empty token arrays")
+                if any(t < 0 or t >= 2**32 for t in ids):
+                    raise ValueError("token ids must be between 0 and 2^32 - 1")
+            return value
+        raise ValueError(f"'prompt' must be {PROMPT_SHAPES}")
+
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, value: Any) -> list[str] | None:
+        return None if value is None else stop_list(value)
+
+    @field_validator("logit_bias", mode="before")
+    @classmethod
+    def _logit_bias(cls, value: Any) -> dict[int, float] | None:
+        return None if value is None else logit_bias_map(value)
+
+    def check(self) -> None:
+        """Rules across fields, and features this server does not have."""
+        check_stream_options(self.stream, self.stream_options)
+        if self.suffix:
+            raise bad_request("'suffix' (insertion) is not supported.", "suffix")
+        if self.best_of not in (None, self.n or 1):
+            raise bad_request("'best_of' is not supported unless it equals 'n'.", "best_of")
+        if self.max_tokens == 0 and not self.echo:
+            raise bad_request("'max_tokens' must be at least 1 (0 only with 'echo').", "max_tokens")
+
+
+class CompletionShape:
+    object = "text_completion"
+    prefix = "cmpl"
+
+    def __init__(self, logprobs: bool) -> None:
+        self.logprobs = logprobs
+
+    def _logprobs(self, entries: list[llm_pb2.TokenLogprob]) -> dict[str, Any] | None:
+        if not self.logprobs:
+            return None
+        return {"tokens": [e.token for e in entries], "token_logprobs": [e.logprob for e in entries],
+                "top_logprobs": [{e.token: e.logprob} for e in entries],
+                "text_offset": [e.text_offset for e in entries]}
+
+    def opening(self, index: int) -> dict[str, Any] | None:
+        return None
+
+    def delta(self, delta: llm_pb2.Delta) -> dict[str, Any]:
+        return {"index": delta.index, "text": delta.text, "logprobs": self._logprobs(list(delta.logprobs)),
+                "finish_reason": None}
+
+    def end(self, index: int, finish_reason: str) -> dict[str, Any]:
+        return {"index": index, "text": "", "logprobs": None, "finish_reason": finish_reason}
+
+    def response(self, head: dict[str, Any], choices: list[Collected], usage: common_pb2.Usage) -> dict[str, Any]:
+        return {
+            **head,
+            "object": "text_completion",
+            "choices": [{"index": i, "text": c.text, "logprobs": self._logprobs(c.logprobs),
+                         "finish_reason": c.finish_reason} for i, c in enumerate(choices)],
+            "usage": usage_object(usage),
+        }

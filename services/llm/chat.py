@@ -1,0 +1,136 @@
+"""Chat templates, rendered as transformers' `apply_chat_template` renders them, in a sandbox.
+
+Templates come with model folders (or the seed config's `.jinja` file) and are untrusted code: they run
+in Jinja's ImmutableSandboxedEnvironment with the globals transformers gives them (`raise_exception`,
+`strftime_now`, `namespace`, a `tojson` that keeps non-ASCII text) and the tokenizer's special tokens
+(`bos_token`, `eos_token`, ...). A template that raises (e.g. "roles must alternate") is the client's
+mistake and becomes INVALID_ARGUMENT with the template's message.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from jinja2 import nodes
+from jinja2.ext import Extension, loopcontrols
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from services.common.errors import invalid_argument
+from tritongate.config import ConfigError
+
+
+def _raise_exception(message: str) -> None:
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _strftime_now(format: str) -> str:
+    return datetime.now().strftime(format)
+
+
+class _Namespace(jinja2.utils.Namespace):
+    """`namespace()` without underscore attributes (no way to CPython internals)."""
+
+    def __init__(*args: Any, **kwargs: Any) -> None:  # Jinja's own signature trick: `self` may be a key
+        self, rest = args[0], args[1:]
+        attrs = dict(*rest, **kwargs)
+        for name in attrs:
+            _Namespace._check(name)
+        jinja2.utils.Namespace.__init__(self, attrs)
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        _Namespace._check(name)
+        jinja2.utils.Namespace.__setitem__(self, name, value)
+
+    @staticmethod
+    def _check(name: object) -> None:
+        if isinstance(name, str) and name.startswith("_"):
+            raise jinja2.exceptions.SecurityError(f"chat templates cannot set underscore attributes ({name!r})")
+
+
+class _GenerationTag(Extension):
+    """`{% generation %}…{% endgeneration %}` (marks assistant text for training masks): rendered as is."""
+
+    tags = {"generation"}  # noqa: RUF012 (Jinja's own attribute)
+
+    def parse(self, parser: Any) -> nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return nodes.CallBlock(self.call_method("_render"), [], [], body).set_lineno(lineno)
+
+    def _render(self, caller: Any) -> str:
+        return str(caller())
+
+
+def _environment() -> ImmutableSandboxedEnvironment:
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[_GenerationTag, loopcontrols])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    env.globals["namespace"] = _Namespace
+    return env
+
+
+def _plain(value: Any) -> Any:
+    """Only JSON data reaches a template."""
+    if value is None or type(value) in (str, int, float, bool):
+        return value
+    if isinstance(value, Mapping):
+        return {str(key): _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    return str(value)
+
+
+class ChatTemplate:
+    """One compiled template with the tokenizer's special tokens."""
+
+    def __init__(self, source: str, special_tokens: Mapping[str, Any], origin: str) -> None:
+        self.origin = origin
+        try:
+            self.template = _environment().from_string(source)
+        except jinja2.TemplateSyntaxError as exc:
+            raise ConfigError(f"chat template {origin}: line {exc.lineno}: {exc.message}") from None
+        self.special_tokens = {key: value for key, value in special_tokens.items() if isinstance(value, str)}
+
+    def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True) -> str:
+        try:
+            return self.template.render(
+                **self.special_tokens,
+                messages=_plain(list(messages)),
+                add_generation_prompt=add_generation_prompt,
+                tools=None,
+                documents=None,
+            )
+        except jinja2.TemplateError as exc:  # raise_exception, undefined names, sandbox violations
+            raise invalid_argument(f"The chat template rejected the messages: {exc.message or exc}",
+                                   "messages") from None
+        except (TypeError, ValueError, KeyError, IndexError, AttributeError, ArithmeticError) as exc:
+            raise invalid_argument(f"The chat template failed on these messages: {exc}", "messages") from None
+
+
+def load_chat_template(tokenizer: Any, override: str | None, model: str) -> ChatTemplate | None:
+    """The seed config's `chat_template` file if set, else the model folder's template, else None."""
+    special = dict(getattr(tokenizer, "special_tokens_map", {}) or {})
+    if override:
+        path = Path(override)
+        try:
+            return ChatTemplate(path.read_text(encoding="utf-8"), special, str(path))
+        except OSError as exc:
+            raise ConfigError(f"model `{model}`: cannot read chat_template {path}: {exc.strerror}") from None
+    source = getattr(tokenizer, "chat_template", None)
+    if isinstance(source, dict):  # named templates: the default one
+        source = source.get("default")
+    if not source:
+        return None
+    return ChatTemplate(source, special, f"of model `{model}`")

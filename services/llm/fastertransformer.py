@@ -1,0 +1,160 @@
+"""The FasterTransformer adapter: Triton's fastertransformer_backend tensor interface, decoupled.
+
+Inputs: `input_ids` [1, len], `input_lengths` and `request_output_len` [1, 1] (UINT32), optional
+sampling scalars [1, 1] (`runtime_top_k`, `runtime_top_p`, `temperature`, `repetition_penalty`,
+`presence_penalty`, `random_seed`, `start_id`, `end_id`, `is_return_log_probs`) and word lists
+`stop_words_list` / `bad_words_list` [1, 2, N] (INT32). Only inputs the Triton model declares are sent,
+with the data types it declares.
+
+Outputs: every streamed response carries the whole sequence so far, prompt included, in `output_ids`
+[1, beam, width] (positions past `sequence_length` are padding) and `output_log_probs`
+[1, beam, request_output_len]; the adapter turns them into the tokens that are new.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Sequence
+from typing import Any
+
+import grpc
+import numpy as np
+from tritonclient.utils import triton_to_np_dtype
+
+from services.common.errors import ServiceError
+from services.common.triton import Triton
+from services.llm.backends import Knob, Sampling, Step
+
+REQUIRED_INPUTS = ("input_ids", "input_lengths", "request_output_len")
+_KNOB_INPUTS: dict[Knob, str] = {
+    "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty",
+    "logprobs": "is_return_log_probs",
+    "bad_words": "bad_words_list",
+    "stop_words": "stop_words_list",
+    "seed": "random_seed",
+    "top_k": "runtime_top_k",
+    "repetition_penalty": "repetition_penalty",
+}
+
+
+def encode_words(words: Sequence[Sequence[int]]) -> np.ndarray:
+    """FT's word list for a batch of one: [1, 2, N] INT32, row 0 the words' ids concatenated (padded with
+    0), row 1 the cumulative end offset of each word (padded with -1). No words: [[[0], [-1]]]."""
+    flat = [token for word in words for token in word]
+    ends = np.cumsum([len(word) for word in words if word], dtype=np.int64).tolist()
+    width = max(len(flat), 1)
+    array = np.zeros((1, 2, width), dtype=np.int32)
+    array[0, 1, :] = -1
+    array[0, 0, : len(flat)] = flat
+    array[0, 1, : len(ends)] = ends
+    return array
+
+
+def _is_offset_row(row: Sequence[int], ids: int) -> bool:
+    ends = [value for value in row if value >= 0]
+    return (bool(ends) and list(row) == ends + [-1] * (len(row) - len(ends))
+            and ends == sorted(ends) and ends[0] > 0 and ends[-1] <= ids)
+
+
+def seed_words(value: Sequence[Sequence[int]] | None) -> list[list[int]]:
+    """The seed config's `bad_words` / `stop_words`: FT's two-row layout (ids, then end offsets padded
+    with -1), as FT's examples write it, when the second row reads as offsets into the first; otherwise
+    a list of words, each a list of token ids. Either way: a list of words."""
+    if not value:
+        return []
+    if len(value) == 2 and _is_offset_row(value[1], len(value[0])):
+        ids, words, start = value[0], [], 0
+        for end in value[1]:
+            if end < 0:
+                break
+            if end > start:
+                words.append(list(ids[start:end]))
+            start = end
+        return words
+    return [list(word) for word in value if word]
+
+
+class FasterTransformer:
+    """The FT tensor interface on one Triton model."""
+
+    name = "fastertransformer"
+
+    def __init__(self, triton: Triton, url: str, model: str, constants: dict[str, float] | None = None) -> None:
+        self.triton = triton
+        self.url = url
+        self.model = model
+        self.constants = dict(constants or {})
+        self.inputs: dict[str, Any] = {}  # declared input → numpy dtype
+        self.outputs: set[str] = set()
+
+    def configure(self, triton_config: dict[str, Any]) -> None:
+        inputs = {tensor["name"]: triton_to_np_dtype(str(tensor["data_type"]).removeprefix("TYPE_"))
+                  for tensor in triton_config.get("input", [])}
+        outputs = {tensor["name"] for tensor in triton_config.get("output", [])}
+        missing = [name for name in REQUIRED_INPUTS if name not in inputs]
+        missing += [name for name in ("output_ids", "sequence_length") if name not in outputs]
+        missing += [name for name in self.constants if name not in inputs]
+        if missing:
+            raise ServiceError(grpc.StatusCode.FAILED_PRECONDITION,
+                               f"Triton model `{self.model}` lacks the FasterTransformer tensors "
+                               f"{', '.join(missing)} (check `backend` and `triton_inputs` in the model config)")
+        self.inputs, self.outputs = inputs, outputs
+
+    def supports(self, knob: Knob) -> bool:
+        if knob == "logprobs":
+            return "is_return_log_probs" in self.inputs and "output_log_probs" in self.outputs
+        return _KNOB_INPUTS[knob] in self.inputs
+
+    def tensors(self, prompt: Sequence[int], sampling: Sampling) -> dict[str, np.ndarray]:
+        """The request's input tensors (only those the model declares)."""
+        values: dict[str, Any] = {
+            **self.constants,  # inputs tritongate does not set itself
+            "runtime_top_k": 1 if sampling.greedy else sampling.top_k,
+            "runtime_top_p": 0.0 if sampling.greedy else sampling.top_p,
+            "temperature": 1.0 if sampling.greedy else sampling.temperature,
+            "repetition_penalty": sampling.repetition_penalty,
+            "random_seed": sampling.seed,
+        }
+        if sampling.presence_penalty:
+            values["presence_penalty"] = sampling.presence_penalty
+        if sampling.frequency_penalty:
+            values["frequency_penalty"] = sampling.frequency_penalty
+        if sampling.logprobs:
+            values["is_return_log_probs"] = True
+        if sampling.end_id is not None:
+            values["end_id"] = sampling.end_id
+        if sampling.start_id is not None:
+            values["start_id"] = sampling.start_id
+        tensors = {
+            "input_ids": np.array([list(prompt)], dtype=self.inputs["input_ids"]),
+            "input_lengths": np.array([[len(prompt)]], dtype=self.inputs["input_lengths"]),
+            "request_output_len": np.array([[sampling.max_new_tokens]], dtype=self.inputs["request_output_len"]),
+        }
+        for name, value in values.items():
+            if name in self.inputs:
+                tensors[name] = np.array([[value]], dtype=self.inputs[name])
+        for name, words in (("stop_words_list", sampling.stop_words), ("bad_words_list", sampling.bad_words)):
+            if words and name in self.inputs:
+                tensors[name] = encode_words(words).astype(self.inputs[name], copy=False)
+        return tensors
+
+    async def stream(self, prompt: Sequence[int], sampling: Sampling, timeout: float | None
+                     ) -> AsyncGenerator[Step, None]:
+        outputs = ["output_ids", "sequence_length"]
+        if sampling.logprobs:
+            outputs.append("output_log_probs")
+        done = len(prompt)  # valid positions already seen
+        async for result in self.triton.stream(self.url, self.model, self.tensors(prompt, sampling), outputs,
+                                               timeout):
+            if "output_ids" not in result or "sequence_length" not in result:
+                continue  # the empty final response of a cancelled request
+            length = int(result["sequence_length"].reshape(-1)[0])  # [batch, beam]: beam 0
+            if length <= done:
+                continue
+            ids = result["output_ids"].reshape(-1, result["output_ids"].shape[-1])[0]
+            step = Step(ids[done:length].tolist())
+            if "output_log_probs" in result:
+                per_token = result["output_log_probs"].reshape(-1, result["output_log_probs"].shape[-1])[0]
+                step.logprobs = per_token[done - len(prompt): length - len(prompt)].astype(float).tolist()
+            done = length
+            yield step

@@ -1,0 +1,15 @@
+"""Wiring of the llm service."""
+
+from __future__ import annotations
+
+from services.common.server import ModelSet, ServiceSpec
+from services.common.triton import Triton
+from services.llm.model import LanguageModel
+from services.llm.servicer import LlmServicer
+from tritongate.config import ModelConfig
+from tritongate.llm.v1 import llm_pb2, llm_pb2_grpc
+
+
+def build(config: ModelConfig, triton: Triton) -> ServiceSpec:
+    models = ModelSet(LanguageModel(entry, config.model_info(entry.name), triton) for entry in config.llm)
+    return ServiceSpec.of(llm_pb2, "LlmService", llm_pb2_grpc.add_LlmServiceServicer_to_server, LlmServicer(models))

@@ -1,0 +1,21 @@
+"""The LlmService gRPC servicer: thin, the work is in LanguageModel."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import grpc
+
+from services.common.errors import rpc
+from services.common.server import ListModelsServicer
+from services.llm.model import LanguageModel
+from tritongate.llm.v1 import llm_pb2, llm_pb2_grpc
+
+
+class LlmServicer(ListModelsServicer[LanguageModel], llm_pb2_grpc.LlmServiceServicer):
+    @rpc
+    async def Generate(self, request: llm_pb2.GenerateRequest, context: grpc.aio.ServicerContext
+                       ) -> AsyncIterator[llm_pb2.GenerateResponse]:
+        model = self.models.get(request.model)
+        async for response in model.generate(request, context.time_remaining()):
+            yield response

@@ -1,0 +1,90 @@
+"""Where a completion ends: stop strings matched on the decoded text, and stop words given as token ids
+(the end id, the seed's `stop_words`) matched on the generated tokens.
+
+Both matchers hold back what might be the beginning of a stop, so nothing of a stop ever goes out,
+even when it is split across tokens or across responses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+
+class StopStrings:
+    """Stop strings in streamed text: `feed` returns the text that can go out now. When a stop string
+    completes, `stopped` is set and the text before its start is the last text returned. The stop
+    that completes first in the text wins, however the text was split into pieces."""
+
+    def __init__(self, stops: Iterable[str]) -> None:
+        self.stops = sorted({stop for stop in stops if stop})
+        self.longest = max((len(stop) for stop in self.stops), default=0)
+        self.pending = ""
+        self.stopped = False
+
+    def feed(self, text: str) -> str:
+        if not self.stops or self.stopped:
+            return "" if self.stopped else text
+        buffer = self.pending + text
+        hits = [(index + len(stop), index) for stop in self.stops if (index := buffer.find(stop)) >= 0]
+        if hits:
+            self.stopped = True
+            self.pending = ""
+            return buffer[: min(hits)[1]]
+        keep = self._partial_length(buffer)
+        self.pending = buffer[len(buffer) - keep:]
+        return buffer[: len(buffer) - keep]
+
+    def flush(self) -> str:
+        """The text held back at the end of generation (it did not become a stop string)."""
+        text, self.pending = self.pending, ""
+        return text
+
+    def _partial_length(self, buffer: str) -> int:
+        """Length of the longest end of `buffer` that begins some stop string."""
+        for size in range(min(self.longest - 1, len(buffer)), 0, -1):
+            tail = buffer[-size:]
+            if any(stop.startswith(tail) for stop in self.stops):
+                return size
+        return 0
+
+
+class StopTokens:
+    """Token-id stop words: `feed` returns the tokens that can be decoded now. When the generated tokens
+    end with a stop word, `stopped` is set and the word's tokens are dropped (FasterTransformer leaves
+    them in its output). `consumed` counts every token fed until then."""
+
+    def __init__(self, words: Iterable[Sequence[int]]) -> None:
+        self.words = sorted({tuple(word) for word in words if word}, key=len)
+        self.longest = max((len(word) for word in self.words), default=0)
+        self.pending: list[int] = []
+        self.stopped = False
+        self.consumed = 0
+
+    def feed(self, tokens: Iterable[int]) -> list[int]:
+        released: list[int] = []
+        for token in tokens:
+            if self.stopped:
+                break
+            self.consumed += 1
+            self.pending.append(token)
+            word = next((w for w in self.words if tuple(self.pending[-len(w):]) == w), None)
+            if word is not None:
+                self.stopped = True
+                released += self.pending[: len(self.pending) - len(word)]
+                self.pending = []
+                break
+            keep = self._partial_length()
+            released += self.pending[: len(self.pending) - keep]
+            self.pending = self.pending[len(self.pending) - keep:]
+        return released
+
+    def flush(self) -> list[int]:
+        tokens, self.pending = self.pending, []
+        return tokens
+
+    def _partial_length(self) -> int:
+        for size in range(min(self.longest - 1, len(self.pending)), 0, -1):
+            tail = tuple(self.pending[-size:])
+            if any(word[:size] == tail for word in self.words):
+                return size
+        return 0

@@ -1,0 +1,121 @@
+"""The FasterTransformer adapter: word lists, the tensors it sends, and cumulative output → new tokens."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+
+from services.common.errors import ServiceError
+from services.llm.backends import Sampling
+from services.llm.fastertransformer import FasterTransformer, encode_words, seed_words
+
+FT_INPUTS = {"input_ids": "UINT32", "input_lengths": "UINT32", "request_output_len": "UINT32",
+             "runtime_top_k": "UINT32", "runtime_top_p": "FP32", "temperature": "FP32", "repetition_penalty": "FP32",
+             "presence_penalty": "FP32", "random_seed": "UINT64", "is_return_log_probs": "BOOL", "end_id": "UINT32",
+             "start_id": "UINT32", "stop_words_list": "INT32", "bad_words_list": "INT32", "len_penalty": "FP32"}
+
+
+def ft_config(inputs: Mapping[str, str] = FT_INPUTS, log_probs: bool = True) -> dict[str, Any]:
+    outputs = ["output_ids", "sequence_length", *(["output_log_probs"] if log_probs else [])]
+    return {"input": [{"name": name, "data_type": f"TYPE_{kind}"} for name, kind in inputs.items()],
+            "output": [{"name": name, "data_type": "TYPE_UINT32"} for name in outputs]}
+
+
+def test_word_list_layout() -> None:
+    words = encode_words([[5], [7, 8, 9], [11]])
+    assert words.dtype == np.int32 and words.shape == (1, 2, 5)
+    assert words[0].tolist() == [[5, 7, 8, 9, 11], [1, 4, 5, -1, -1]]
+    assert encode_words([]).tolist() == [[[0], [-1]]]
+
+
+@pytest.mark.parametrize(("value", "words"), [
+    ([[7768, 3908], [1, 2]], [[7768], [3908]]),  # FT's layout, as in the seed's example
+    ([[2], [2]], [[2], [2]]),  # the seed's stop_words: not offsets into one id, so two words
+    ([[5, 6, 7], [2, 3, -1]], [[5, 6], [7]]),
+    ([[1, 2, 3]], [[1, 2, 3]]),
+    ([[4, 5], [6], []], [[4, 5], [6]]),
+    (None, []),
+])
+def test_seed_word_lists(value: Any, words: list[list[int]]) -> None:
+    assert seed_words(value) == words
+
+
+def test_tensors_follow_the_declared_types_and_skip_undeclared_inputs() -> None:
+    inputs = {k: v for k, v in FT_INPUTS.items() if k not in ("presence_penalty", "bad_words_list")}
+    adapter = FasterTransformer(None, "u", "m", {"len_penalty": 0.5})  # type: ignore[arg-type]
+    adapter.configure(ft_config(inputs))
+    sampling = Sampling(max_new_tokens=7, greedy=False, temperature=0.7, top_k=40, top_p=0.9, seed=2**64 - 1,
+                        end_id=2, stop_words=[[13]], bad_words=[[99]], presence_penalty=0.5)
+    tensors = adapter.tensors([10, 11, 12], sampling)
+    assert tensors["input_ids"].dtype == np.uint32 and tensors["input_ids"].tolist() == [[10, 11, 12]]
+    assert tensors["input_lengths"].tolist() == [[3]] and tensors["request_output_len"].tolist() == [[7]]
+    assert tensors["runtime_top_k"].tolist() == [[40]] and tensors["temperature"].dtype == np.float32
+    assert tensors["random_seed"].dtype == np.uint64 and int(tensors["random_seed"][0, 0]) == 2**64 - 1
+    assert tensors["stop_words_list"].tolist() == [[[13], [1]]] and tensors["len_penalty"].tolist() == [[0.5]]
+    assert "presence_penalty" not in tensors and "bad_words_list" not in tensors and "start_id" not in tensors
+    assert "is_return_log_probs" not in tensors
+    assert not adapter.supports("presence_penalty") and not adapter.supports("frequency_penalty")
+    assert adapter.supports("logprobs") and adapter.supports("stop_words")
+
+
+def test_greedy_is_top_k_1() -> None:
+    adapter = FasterTransformer(None, "u", "m")  # type: ignore[arg-type]
+    adapter.configure(ft_config())
+    tensors = adapter.tensors([1], Sampling(max_new_tokens=1, greedy=True, temperature=0.0, top_p=0.5))
+    assert tensors["runtime_top_k"].tolist() == [[1]] and tensors["runtime_top_p"].tolist() == [[0.0]]
+    assert tensors["temperature"].tolist() == [[1.0]]
+
+
+def test_a_model_without_the_ft_interface_is_refused() -> None:
+    adapter = FasterTransformer(None, "u", "m", {"delay_ms": 1})  # type: ignore[arg-type]
+    with pytest.raises(ServiceError) as info:
+        adapter.configure(ft_config({"input_ids": "UINT32"}, log_probs=False))
+    assert info.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert "input_lengths, request_output_len, delay_ms" in info.value.message
+
+
+class FakeTriton:
+    """Replays FT responses: each the whole sequence so far, padded to prompt + request_output_len."""
+
+    def __init__(self, responses: list[dict[str, np.ndarray]]) -> None:
+        self.responses = responses
+        self.closed = False
+
+    async def stream(self, url: str, model: str, inputs: Mapping[str, np.ndarray], outputs: list[str],
+                     timeout: float | None) -> AsyncIterator[dict[str, np.ndarray]]:
+        try:
+            for response in self.responses:
+                yield {name: array for name, array in response.items() if name in outputs}
+        finally:
+            self.closed = True
+
+
+def ft_response(sequence: list[int], width: int, log_probs: list[float]) -> dict[str, np.ndarray]:
+    ids = np.full((1, 1, width), 2, dtype=np.uint32)
+    ids[0, 0, : len(sequence)] = sequence
+    per_token = np.zeros((1, 1, width - 3), dtype=np.float32)
+    per_token[0, 0, : len(log_probs)] = log_probs
+    return {"output_ids": ids, "sequence_length": np.array([[len(sequence)]], dtype=np.uint32),
+            "output_log_probs": per_token}
+
+
+async def test_cumulative_outputs_become_new_tokens() -> None:
+    prompt = [7, 8, 9]
+    triton = FakeTriton([
+        ft_response(prompt + [20], 8, [-1.0]),
+        ft_response(prompt + [20, 21, 22], 8, [-1.0, -2.0, -3.0]),  # two tokens in one response
+        ft_response(prompt + [20, 21, 22], 8, [-1.0, -2.0, -3.0]),  # nothing new
+        {},  # an empty final response
+        ft_response(prompt + [20, 21, 22, 2], 8, [-1.0, -2.0, -3.0, -4.0]),
+    ])
+    adapter = FasterTransformer(triton, "u", "m")  # type: ignore[arg-type]
+    adapter.configure(ft_config())
+    steps = [step async for step in adapter.stream(prompt, Sampling(max_new_tokens=5, greedy=True, logprobs=True),
+                                                   None)]
+    assert [s.token_ids for s in steps] == [[20], [21, 22], [2]]
+    assert [s.logprobs for s in steps] == [[-1.0], [-2.0, -3.0], [-4.0]]
+    assert triton.closed

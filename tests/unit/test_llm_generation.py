@@ -1,0 +1,127 @@
+"""One completion's pipeline (stop words → detokenizer → stop strings, log probabilities alongside)
+and the merging of concurrent completions."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from services.llm.detokenizer import TokenText, text_decoder
+from services.llm.generation import Completion, merge
+from tritongate.llm.v1 import llm_pb2
+
+SMOLLM2 = "smollm2-135m-instruct"
+END_ID = 2
+
+
+@pytest.fixture(scope="module")
+def tokenizer(models_dir: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(models_dir / SMOLLM2)
+
+
+def completion(tokenizer: Any, max_new: int = 50, stops: list[str] | None = None, echo: str = "",
+               stop_words: list[list[int]] | None = None) -> Completion:
+    return Completion(0, [], max_new, [[END_ID], *(stop_words or [])], stops or [], text_decoder(tokenizer),
+                      TokenText(tokenizer), echo)
+
+
+def run(c: Completion, steps: list[list[int]], logprobs: bool = False) -> list[llm_pb2.Delta]:
+    deltas, count = [], 0
+    for step in steps:
+        values = [-(count + i + 1) / 10 for i in range(len(step))] if logprobs else None
+        count += len(step)
+        delta = c.feed(step, values)
+        if delta is not None:
+            deltas.append(delta)
+        if c.done:
+            break
+    return [*deltas, c.finish()]
+
+
+def ids(tokenizer: Any, text: str) -> list[int]:
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def test_the_end_id_ends_the_completion_and_is_dropped(tokenizer: Any) -> None:
+    c = completion(tokenizer)
+    deltas = run(c, [[t] for t in [*ids(tokenizer, "Paris."), END_ID, *ids(tokenizer, "more")]])
+    assert [d.text for d in deltas] == ["Paris", ".", ""] and deltas[-1].finish_reason == "stop"
+    assert c.consumed == 3
+
+
+def test_length(tokenizer: Any) -> None:
+    c = completion(tokenizer, max_new=2)
+    deltas = run(c, [ids(tokenizer, "one two three")])
+    assert "".join(d.text for d in deltas) == "one two" and deltas[-1].finish_reason == "length"
+
+
+def test_a_stop_string_split_across_tokens_in_multi_token_steps(tokenizer: Any) -> None:
+    tokens = ids(tokenizer, "The END. STOP here")  # ' STOP' is ' ST' + 'OP'
+    c = completion(tokenizer, stops=[" STOP"])
+    deltas = run(c, [tokens[:2], tokens[2:4], tokens[4:]], logprobs=True)
+    assert [d.text for d in deltas] == ["The END", ".", ""] and deltas[-1].finish_reason == "stop"
+    assert c.consumed == 5  # up to the token that completed the stop string
+    entries = [e for d in deltas for e in d.logprobs]
+    assert [(e.token, e.text_offset) for e in entries] == [("The", 0), (" END", 3), (".", 7)]
+    assert [round(e.logprob, 3) for e in entries] == [-0.1, -0.2, -0.3]
+
+
+def test_log_probs_of_a_split_character_go_out_with_it(tokenizer: Any) -> None:
+    c = completion(tokenizer, echo="Say: ")
+    assert c.start() == llm_pb2.Delta(text="Say: ")
+    deltas = run(c, [[t] for t in ids(tokenizer, "hi 😀")], logprobs=True)
+    texts = [d.text for d in deltas]
+    assert texts == ["hi", " 😀", ""]
+    assert [len(d.logprobs) for d in deltas] == [1, 2, 0]
+    assert [e.text_offset for e in deltas[1].logprobs] == [7, 7]  # after the echoed "Say: hi"
+    assert deltas[-1].finish_reason == "stop"  # the generator ended before max_new
+
+
+def test_seed_stop_words_of_several_tokens(tokenizer: Any) -> None:
+    word = ids(tokenizer, " over and")
+    c = completion(tokenizer, stop_words=[word])
+    deltas = run(c, [[t] for t in ids(tokenizer, "game over again, game over and out")])
+    assert "".join(d.text for d in deltas) == "game over again, game" and deltas[-1].finish_reason == "stop"
+
+
+def test_held_back_text_is_released_at_the_end(tokenizer: Any) -> None:
+    tokens = ids(tokenizer, "x ab")
+    c = completion(tokenizer, max_new=len(tokens), stops=["abc"])
+    deltas = run(c, [tokens])
+    assert "".join(d.text for d in deltas) == "x ab" and deltas[-1].finish_reason == "length"
+
+
+async def _items(values: list[int], delay: float, fail: bool = False) -> AsyncGenerator[int, None]:
+    for value in values:
+        await asyncio.sleep(delay)
+        yield value
+    if fail:
+        raise RuntimeError("boom")
+
+
+async def test_merge_interleaves_concurrent_streams() -> None:
+    got = [item async for item in merge([_items([1, 2, 3], 0.02), _items([10, 20, 30], 0.03)])]
+    assert sorted(got) == [1, 2, 3, 10, 20, 30] and got.index(10) < got.index(3)
+
+
+async def test_merge_fails_when_one_stream_fails_and_closes_the_others() -> None:
+    closed = asyncio.Event()
+
+    async def endless() -> AsyncGenerator[int, None]:
+        try:
+            while True:
+                await asyncio.sleep(0.01)
+                yield 0
+        finally:
+            closed.set()
+
+    with pytest.raises(RuntimeError, match="boom"):
+        async for _ in merge([endless(), _items([1], 0.02, fail=True)]):
+            pass
+    await asyncio.wait_for(closed.wait(), 1)

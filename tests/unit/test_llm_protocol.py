@@ -1,0 +1,128 @@
+"""The edge's chat and completions request models and their REST → proto converters."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from edge.errors import OpenAIError
+from edge.protocol.chat import ChatCompletionRequest
+from edge.protocol.completions import CompletionRequest
+from edge.routers import chat, completions
+
+MESSAGES = [{"role": "user", "content": "Hi"}]
+
+
+def test_stream_as_a_string_is_coerced() -> None:
+    """The seed's own example sends "stream": "true"."""
+    body = CompletionRequest.model_validate({"model": "m", "prompt": "Once upon a time", "stream": "true",
+                                             "max_tokens": 41, "temperature": 0.5})
+    assert body.stream is True
+    assert ChatCompletionRequest.model_validate({"model": "m", "messages": MESSAGES, "stream": "false"}).stream is False
+
+
+def test_chat_converter_names_every_field() -> None:
+    body = ChatCompletionRequest.model_validate({
+        "model": "m", "n": 2, "stop": "\n", "seed": 2**64 - 1, "max_completion_tokens": 9, "max_tokens": 3,
+        "temperature": 0, "top_p": 0.5, "top_k": -1, "repetition_penalty": 1.1, "presence_penalty": 0.5,
+        "frequency_penalty": 0, "logit_bias": {"42": -100}, "logprobs": True, "do_sample": False,
+        "messages": [{"role": "developer", "content": "Be brief."},
+                     {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+                     {"role": "assistant", "content": None, "name": "bot"}],
+    })
+    body.check()
+    proto = chat.to_proto(body)
+    assert [(m.role, m.content, m.name) for m in proto.chat.messages] == [
+        ("system", "Be brief.", ""), ("user", "a\nb", ""), ("assistant", "", "bot")]
+    assert (proto.n, list(proto.stop), proto.seed, proto.max_tokens) == (2, ["\n"], -1, 9)
+    assert (proto.temperature, proto.top_p, proto.top_k) == (0, 0.5, 0)
+    assert proto.HasField("frequency_penalty") and dict(proto.logit_bias) == {42: -100}
+    assert proto.logprobs and not proto.do_sample and proto.HasField("do_sample")
+    assert round(proto.repetition_penalty, 3) == 1.1 and round(proto.presence_penalty, 3) == 0.5
+
+
+def test_unset_sampling_fields_stay_unset_for_the_models_defaults() -> None:
+    proto = chat.to_proto(ChatCompletionRequest.model_validate({"model": "m", "messages": MESSAGES}))
+    for field in ("temperature", "top_p", "top_k", "repetition_penalty", "seed", "max_tokens", "do_sample"):
+        assert not proto.HasField(field), field
+
+
+def test_completion_converter() -> None:
+    body = CompletionRequest.model_validate({"model": "m", "prompt": [[1, 2], [3]], "echo": True, "max_tokens": 0,
+                                             "logprobs": 0, "n": 2, "best_of": 2})
+    body.check()
+    proto = completions.to_proto(body)
+    assert [list(p.token_ids.ids) for p in proto.prompts.prompts] == [[1, 2], [3]]
+    assert proto.echo and proto.max_tokens == 0 and proto.HasField("max_tokens")
+    assert proto.logprobs and proto.top_logprobs == 0
+    texts = completions.to_proto(CompletionRequest.model_validate({"model": "m", "prompt": "x"}))
+    assert [p.text for p in texts.prompts.prompts] == ["x"] and not texts.logprobs
+
+
+@pytest.mark.parametrize(("body", "loc"), [
+    ({"messages": []}, ("messages",)),
+    ({"messages": [{"role": "robot", "content": "x"}]}, ("messages", 0, "role")),
+    ({"messages": [{"role": "tool", "content": "x"}]}, ("messages", 0, "role")),
+    ({"messages": [{"role": "user"}]}, ("messages", 0, "content")),
+    ({"messages": [{"role": "user", "content": None}]}, ("messages", 0, "content")),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+     ("messages", 0, "content")),
+    ({"stop": ["a", "b", "c", "d", "e"]}, ("stop",)),
+    ({"stop": 5}, ("stop",)),
+    ({"logit_bias": {"x": 1}}, ("logit_bias",)),
+    ({"logit_bias": {"1": 200}}, ("logit_bias",)),
+    ({"n": 0}, ("n",)),
+    ({"n": 17}, ("n",)),
+    ({"max_tokens": 0}, ("max_tokens",)),
+    ({"num_beams": 2}, ("num_beams",)),
+])
+def test_chat_validation_locates_the_parameter(body: dict[str, Any], loc: tuple[Any, ...]) -> None:
+    with pytest.raises(ValidationError) as info:
+        ChatCompletionRequest.model_validate({"model": "m", "messages": MESSAGES, **body})
+    assert info.value.errors()[0]["loc"][: len(loc)] == loc
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"stream_options": {"include_usage": True}}, "stream_options"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"top_logprobs": 2}, "top_logprobs"),
+])
+def test_chat_features_we_do_not_have(body: dict[str, Any], param: str) -> None:
+    request = ChatCompletionRequest.model_validate({"model": "m", "messages": MESSAGES, **body})
+    with pytest.raises(OpenAIError) as info:
+        request.check()
+    assert info.value.status == 400 and info.value.param == param
+
+
+def test_chat_defaults_are_never_errors() -> None:
+    ChatCompletionRequest.model_validate({
+        "model": "m", "messages": MESSAGES, "tools": [], "tool_choice": "none", "response_format": {"type": "text"},
+        "frequency_penalty": 0, "presence_penalty": 0, "logit_bias": {}, "logprobs": False, "n": 1, "user": "u",
+        "stream": False, "top_logprobs": 0, "num_beams": 1, "unknown_extra": 1}).check()
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"suffix": "end"}, "suffix"),
+    ({"best_of": 3}, "best_of"),
+    ({"max_tokens": 0}, "max_tokens"),
+    ({"stream_options": {"include_usage": True}, "stream": False}, "stream_options"),
+])
+def test_completion_rules_across_fields(body: dict[str, Any], param: str) -> None:
+    request = CompletionRequest.model_validate({"model": "m", "prompt": "x", **body})
+    with pytest.raises(OpenAIError) as info:
+        request.check()
+    assert info.value.param == param
+
+
+@pytest.mark.parametrize("prompt", [[], "", [[]], [1, "a"], [-1], {"text": "x"}, 5, [[1], ["a"]]])
+def test_completion_prompt_shapes(prompt: Any) -> None:
+    if prompt == "":  # an empty string is a valid shape; the service refuses it (no tokens)
+        assert CompletionRequest.model_validate({"model": "m", "prompt": prompt}).prompt == [""]
+        return
+    with pytest.raises(ValidationError) as info:
+        CompletionRequest.model_validate({"model": "m", "prompt": prompt})
+    assert info.value.errors()[0]["loc"] == ("prompt",)

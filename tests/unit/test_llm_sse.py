@@ -1,0 +1,82 @@
+"""The SSE helper as an ASGI app: keep-alive comments, errors after the headers, [DONE], disconnects."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from edge.errors import OpenAIError
+from edge.sse import DONE, data_event, sse_response
+
+SCOPE = {"type": "http", "method": "POST", "path": "/", "headers": [], "asgi": {"spec_version": "2.4"}}
+
+
+async def serve(events: AsyncIterator[bytes], keepalive_s: float = 10.0, disconnect_after: float | None = None
+                ) -> tuple[int, bytes]:
+    messages: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        if disconnect_after is None:
+            await asyncio.Event().wait()
+        await asyncio.sleep(disconnect_after or 0)
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        messages.append(message)
+
+    await asyncio.wait_for(sse_response(events, keepalive_s)(SCOPE, receive, send), 5)
+    status = next(m["status"] for m in messages if m["type"] == "http.response.start")
+    return status, b"".join(m.get("body", b"") for m in messages if m["type"] == "http.response.body")
+
+
+async def test_keep_alive_comments_fill_long_silences() -> None:
+    async def slow() -> AsyncIterator[bytes]:
+        await asyncio.sleep(0.35)
+        yield data_event({"n": 1})
+
+    status, body = await serve(slow(), keepalive_s=0.1)
+    assert status == 200
+    assert body.count(b": keep-alive\n\n") >= 2
+    assert body.endswith(b'data: {"n":1}\n\n' + DONE)
+
+
+async def test_an_error_after_the_headers_is_an_error_event_then_done() -> None:
+    async def failing() -> AsyncIterator[bytes]:
+        yield data_event({"n": 1})
+        raise OpenAIError(503, "The llm service is unavailable; try again shortly.", code="service_unavailable")
+
+    status, body = await serve(failing())
+    events = body.decode().split("\n\n")
+    assert status == 200 and events[0] == 'data: {"n":1}'
+    assert events[1].startswith("event: error\ndata: ")
+    error = json.loads(events[1].split("data: ", 1)[1])
+    assert error == {"error": {"message": "The llm service is unavailable; try again shortly.",
+                               "type": "server_error", "param": None, "code": "service_unavailable"}}
+    assert events[2] == "data: [DONE]" and events[3:] == [""]
+
+
+async def test_an_unexpected_failure_says_nothing_about_its_insides() -> None:
+    async def broken() -> AsyncIterator[bytes]:
+        raise KeyError("secret internals")
+        yield b""  # pragma: no cover
+
+    _, body = await serve(broken())
+    assert b"secret" not in body and b"Traceback" not in body
+    assert b'"type":"server_error"' in body and body.endswith(DONE)
+
+
+async def test_a_disconnect_cancels_the_event_generator() -> None:
+    cancelled = asyncio.Event()
+
+    async def endless() -> AsyncIterator[bytes]:
+        try:
+            yield data_event({"n": 1})
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    _, body = await serve(endless(), disconnect_after=0.1)
+    assert cancelled.is_set() and DONE not in body
