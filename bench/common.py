@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import socket
 import statistics
+import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -86,3 +88,30 @@ async def closed_loop(call: Callable[[int], Awaitable[None]], concurrency: int, 
 
 def ratio(edge: float, direct: float) -> float:
     return round(edge / direct, 3) if direct else 0.0
+
+
+Path_ = Callable[[list[str]], Awaitable[None]]
+
+
+async def compare(size: int, concurrency: int, item: Callable[[int], str], direct: Path_, edge: Path_,
+                  seconds: float, warmup: int = 10) -> dict[str, Any]:
+    """One point: the same closed-loop load straight to Triton, then through the edge, and the ratios.
+    Request i carries `size` inputs: item(i * size), item(i * size + 1), ..."""
+    row: dict[str, Any] = {"items_per_request": size, "concurrency": concurrency}
+    for name, path in (("direct_triton", direct), ("edge", edge)):
+        async def call(i: int, path: Path_ = path) -> None:
+            await path([item(i * size + k) for k in range(size)])
+
+        latencies, elapsed = await closed_loop(call, concurrency, seconds, warmup)
+        row[name] = summarize(latencies, elapsed, size)
+    row["throughput_ratio"] = ratio(row["edge"]["items_per_s"], row["direct_triton"]["items_per_s"])
+    row["added_p50_ms"] = round(row["edge"]["p50_ms"] - row["direct_triton"]["p50_ms"], 2)
+    print(json.dumps(row), file=sys.stderr, flush=True)
+    return row
+
+
+def bench_main(doc: str | None, run: Callable[[float], Coroutine[Any, Any, dict[str, Any]]]) -> None:
+    """The benchmarks' command line: `--seconds`, JSON on stdout, progress on stderr."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=10.0, help="measured time per point and path")
+    print(json.dumps(asyncio.run(run(parser.parse_args().seconds)), indent=2))

@@ -9,9 +9,6 @@ request, normalise. Prints one JSON document; ratio = edge / direct.
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -23,7 +20,7 @@ from tritonclient.grpc.aio import InferenceServerClient
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import closed_loop, private_stack, ratio, summarize
+from bench.common import bench_main, compare, private_stack
 from services.common.triton import make_input
 from tritongate.settings import default_models_dir
 
@@ -63,32 +60,14 @@ async def run(seconds: float) -> dict[str, Any]:
                 response.raise_for_status()
                 await response.read()
 
-        results = []
-        for size, concurrency in WORKLOADS:
-            def batch(i: int, size: int = size) -> list[str]:
-                return [sentence(i * size + k) for k in range(size)]
-
-            row: dict[str, Any] = {"sentences_per_request": size, "concurrency": concurrency}
-            for name, path in (("direct_triton", direct), ("edge", edge)):
-                async def call(i: int, path: Any = path, batch: Any = batch) -> None:
-                    await path(batch(i))
-
-                latencies, elapsed = await closed_loop(call, concurrency, seconds)
-                row[name] = summarize(latencies, elapsed, size)
-            row["throughput_ratio"] = ratio(row["edge"]["requests_per_s"], row["direct_triton"]["requests_per_s"])
-            row["added_p50_ms"] = round(row["edge"]["p50_ms"] - row["direct_triton"]["p50_ms"], 2)
-            print(json.dumps(row), file=sys.stderr)
-            results.append(row)
+        results = [
+            await compare(size, concurrency, sentence, direct, edge, seconds)
+            for size, concurrency in WORKLOADS
+        ]
         await http.close()
         await triton.close()
     return {"benchmark": "embeddings", "model": MODEL, "seconds_per_point": seconds, "results": results}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seconds", type=float, default=10.0, help="measured time per point and path")
-    print(json.dumps(asyncio.run(run(parser.parse_args().seconds)), indent=2))
-
-
 if __name__ == "__main__":
-    main()
+    bench_main(__doc__, run)

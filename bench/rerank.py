@@ -10,9 +10,7 @@ sorts the scores. Prints one JSON document; ratio = edge / direct.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,7 +22,7 @@ from tritonclient.grpc.aio import InferenceServerClient
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import closed_loop, private_stack, ratio, summarize
+from bench.common import bench_main, compare, private_stack
 from services.common.triton import make_input
 from tritongate.settings import default_models_dir
 
@@ -68,29 +66,14 @@ async def run(seconds: float) -> dict[str, Any]:
                 r.raise_for_status()
                 await r.read()
 
-        results = []
-        for size, concurrency in WORKLOADS:
-            row: dict[str, Any] = {"documents_per_request": size, "concurrency": concurrency}
-            for name, path_call in (("direct_triton", direct), ("edge", edge)):
-                async def call(i: int, path_call: Any = path_call, size: int = size) -> None:
-                    await path_call([document(i * size + k) for k in range(size)])
-
-                latencies, elapsed = await closed_loop(call, concurrency, seconds, warmup=3)
-                row[name] = summarize(latencies, elapsed, size)
-            row["documents_per_s_ratio"] = ratio(row["edge"]["items_per_s"], row["direct_triton"]["items_per_s"])
-            row["added_p50_ms"] = round(row["edge"]["p50_ms"] - row["direct_triton"]["p50_ms"], 2)
-            print(json.dumps(row), file=sys.stderr)
-            results.append(row)
+        results = [
+            await compare(size, concurrency, document, direct, edge, seconds, warmup=3)
+            for size, concurrency in WORKLOADS
+        ]
         await http.close()
         await triton.close()
     return {"benchmark": "rerank", "model": MODEL, "seconds_per_point": seconds, "results": results}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seconds", type=float, default=10.0, help="measured time per point and path")
-    print(json.dumps(asyncio.run(run(parser.parse_args().seconds)), indent=2))
-
-
 if __name__ == "__main__":
-    main()
+    bench_main(__doc__, run)

@@ -106,11 +106,11 @@ def ft_response(sequence: list[int], width: int, log_probs: list[float]) -> dict
 async def test_cumulative_outputs_become_new_tokens() -> None:
     prompt = [7, 8, 9]
     triton = FakeTriton([
-        ft_response(prompt + [20], 8, [-1.0]),
-        ft_response(prompt + [20, 21, 22], 8, [-1.0, -2.0, -3.0]),  # two tokens in one response
-        ft_response(prompt + [20, 21, 22], 8, [-1.0, -2.0, -3.0]),  # nothing new
+        ft_response([*prompt, 20], 8, [-1.0]),
+        ft_response([*prompt, 20, 21, 22], 8, [-1.0, -2.0, -3.0]),  # two tokens in one response
+        ft_response([*prompt, 20, 21, 22], 8, [-1.0, -2.0, -3.0]),  # nothing new
         {},  # an empty final response
-        ft_response(prompt + [20, 21, 22, 2], 8, [-1.0, -2.0, -3.0, -4.0]),
+        ft_response([*prompt, 20, 21, 22, 2], 8, [-1.0, -2.0, -3.0, -4.0]),
     ])
     adapter = FasterTransformer(triton, "u", "m")  # type: ignore[arg-type]
     adapter.configure(ft_config())

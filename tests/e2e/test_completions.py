@@ -1,0 +1,223 @@
+"""/v1/completions end to end: HTTP and the openai SDK → edge → llm service → real Triton.
+
+Exact text comes from ft-echo (its continuation repeats the prompt's tokens) with SmolLM2's byte-level
+tokenizer, so stops split across tokens and characters split across tokens happen for real.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.conftest import wait_until
+from tests.e2e.streams import stream_chunks, stream_events, validate_completion_chunk
+from tests.openai_schema import validate
+
+ECHO = "ft-echo"
+SLOW = "ft-echo-slow"  # 50 ms per token
+FAILING = "ft-echo-failing"  # Triton fails the request after 3 tokens
+END_ID = 2
+
+
+@pytest.fixture(scope="module")
+def tokenizer(models_dir: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(models_dir / "smollm2-135m-instruct")
+
+
+def ids(tokenizer: Any, text: str) -> list[int]:
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def complete(http: httpx.Client, **body: Any) -> dict[str, Any]:
+    response = http.post("/v1/completions", json={"model": ECHO, **body})
+    assert response.status_code == 200, response.text
+    result = response.json()
+    validate(result, "CreateCompletionResponse")
+    assert "system_fingerprint" not in result
+    return result
+
+
+def chunks(http: httpx.Client, **body: Any) -> list[dict[str, Any]]:
+    result = stream_chunks(http, "/v1/completions", {"model": ECHO, "stream": True, **body})
+    for chunk in result:
+        validate_completion_chunk(chunk)
+        assert chunk["object"] == "text_completion" and chunk["id"] == result[0]["id"]
+    return result
+
+
+def texts_and_reasons(result: list[dict[str, Any]]) -> list[tuple[str, str | None]]:
+    return [(c["choices"][0]["text"], c["choices"][0]["finish_reason"]) for c in result]
+
+
+@pytest.mark.parametrize(("stop", "streamed", "text"), [
+    ([" STOP"], ["The", " END", "."], "The END."),  # ' STOP' is the tokens ' ST' + 'OP'
+    (["D. S"], ["The", " EN"], "The EN"),  # across three tokens, starting inside one
+])
+def test_stop_strings_split_across_tokens(http: httpx.Client, tokenizer: Any, stop: list[str],
+                                          streamed: list[str], text: str) -> None:
+    prompt = ids(tokenizer, "The END. STOP here")
+    result = chunks(http, prompt=prompt, max_tokens=12, stop=stop)
+    assert texts_and_reasons(result) == [(t, None) for t in streamed] + [("", "stop")]
+    whole = complete(http, prompt=prompt, max_tokens=12, stop=stop)
+    assert whole["choices"][0]["text"] == text and whole["choices"][0]["finish_reason"] == "stop"
+    assert whole["usage"]["completion_tokens"] == (5 if stop == [" STOP"] else 4)
+
+
+@pytest.mark.parametrize(("text", "pieces"), [
+    ("Hello world! 😀 done", ["Hello", " world", "!", " 😀", " done"]),  # the emoji is two tokens
+    ("北京是中国的首都。", list("北京是中国的首都。")),  # 9 characters, 15 tokens
+])
+def test_characters_split_across_tokens_arrive_whole(http: httpx.Client, tokenizer: Any, text: str,
+                                                     pieces: list[str]) -> None:
+    prompt = ids(tokenizer, text)
+    result = chunks(http, prompt=prompt, max_tokens=len(prompt))
+    assert texts_and_reasons(result) == [(p, None) for p in pieces] + [("", "length")]
+    assert complete(http, prompt=prompt, max_tokens=len(prompt))["choices"][0]["text"] == text
+
+
+def test_length_and_stop_at_the_end_id(http: httpx.Client, tokenizer: Any) -> None:
+    prompt = ids(tokenizer, "one two three")
+    assert complete(http, prompt=prompt, max_tokens=2)["choices"][0] == {
+        "index": 0, "text": "one two", "logprobs": None, "finish_reason": "length"}
+    with_end = [*ids(tokenizer, "one two"), END_ID, *ids(tokenizer, " three")]
+    result = complete(http, prompt=with_end, max_tokens=10)
+    assert result["choices"][0]["text"] == "one two" and result["choices"][0]["finish_reason"] == "stop"
+    assert result["usage"] == {"prompt_tokens": 4, "completion_tokens": 3, "total_tokens": 7}
+
+
+def test_n_and_several_prompts(http: httpx.Client, tokenizer: Any) -> None:
+    prompts = [ids(tokenizer, "alpha"), ids(tokenizer, "beta gamma")]
+    result = complete(http, prompt=prompts, n=2, max_tokens=2)
+    assert [(c["index"], c["text"]) for c in result["choices"]] == [
+        (0, "alphaalpha"), (1, "alphaalpha"), (2, "beta gamma"), (3, "beta gamma")]
+    assert result["usage"] == {"prompt_tokens": 3, "completion_tokens": 8, "total_tokens": 11}
+    streamed: dict[int, str] = {}
+    for chunk in chunks(http, prompt=prompts, n=2, max_tokens=2):
+        choice = chunk["choices"][0]
+        streamed[choice["index"]] = streamed.get(choice["index"], "") + choice["text"]
+    assert streamed == {0: "alphaalpha", 1: "alphaalpha", 2: "beta gamma", 3: "beta gamma"}
+
+
+def test_usage_chunk_then_done(http: httpx.Client) -> None:
+    result = chunks(http, prompt="one two", max_tokens=3, stream_options={"include_usage": True})
+    assert all(c["usage"] is None for c in result[:-1]) and all(c["choices"] for c in result[:-1])
+    assert result[-1]["choices"] == [] and result[-1]["usage"] == {
+        "prompt_tokens": 2, "completion_tokens": 3, "total_tokens": 5}
+    assert all("usage" not in c for c in chunks(http, prompt="one two", max_tokens=3))
+
+
+def test_echo(http: httpx.Client) -> None:
+    only = complete(http, prompt="Say it twice", max_tokens=0, echo=True)
+    assert only["choices"][0]["text"] == "Say it twice" and only["usage"]["completion_tokens"] == 0
+    result = chunks(http, prompt="Say it", max_tokens=2, echo=True)
+    assert [c["choices"][0]["text"] for c in result] == ["Say it", "Say", " it", ""]
+
+
+def test_logprobs_of_the_chosen_tokens(http: httpx.Client, tokenizer: Any) -> None:
+    prompt = ids(tokenizer, "one two 😀")
+    choice = complete(http, prompt=prompt, max_tokens=4, logprobs=0)["choices"][0]
+    logprobs = choice["logprobs"]
+    assert choice["text"] == "one two 😀" and logprobs["tokens"][:2] == ["one", " two"]
+    assert [round(v, 3) for v in logprobs["token_logprobs"]] == [-0.1, -0.2, -0.3, -0.4]  # ft-echo's values
+    assert logprobs["text_offset"] == [0, 3, 7, 7]
+    streamed = chunks(http, prompt=prompt, max_tokens=4, logprobs=0)
+    assert [len(c["choices"][0]["logprobs"]["tokens"]) for c in streamed[:-1]] == [1, 1, 2]
+
+
+def test_the_seeds_example_with_stream_as_a_string(http: httpx.Client) -> None:
+    events = stream_events(http, "/v1/completions", {
+        "model": ECHO, "stream": "true", "prompt": "Once upon a time", "max_tokens": 41, "temperature": 0.5})
+    body = [json.loads(e.data) for e in events[:-1]]
+    assert events[-1].data == "[DONE]" and body[-1]["choices"][0]["finish_reason"] == "length"
+    assert "".join(c["choices"][0]["text"] for c in body).startswith("Once upon a timeOnce upon")
+
+
+def test_openai_sdk(client: openai.OpenAI) -> None:
+    result = client.completions.create(model=ECHO, prompt="ping pong", max_tokens=3, stop=["pong "])
+    assert result.choices[0].text == "ping pongping" and result.choices[0].finish_reason == "length"
+    streamed = list(client.completions.create(model=ECHO, prompt="ping pong", max_tokens=3, stream=True))
+    assert "".join(c.choices[0].text for c in streamed) == "ping pongping"
+
+
+def _events(events_file: Path, offset: int) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in events_file.read_text()[offset:].splitlines() if line]
+
+
+def test_a_client_disconnect_cancels_generation_in_triton(http: httpx.Client, events_file: Path) -> None:
+    offset = len(events_file.read_text())
+    with http.stream("POST", "/v1/completions", json={"model": SLOW, "prompt": "tick tock", "max_tokens": 200,
+                                                      "stream": True}) as response:
+        received = 0
+        for line in response.iter_lines():
+            received += line.startswith("data:")
+            if received == 2:
+                break  # leaving the block closes the connection
+    wait_until(lambda: any(e["event"] == "cancelled" for e in _events(events_file, offset)), 10,
+               "the model to see the cancellation")
+    cancelled = next(e for e in _events(events_file, offset) if e["event"] == "cancelled")
+    assert cancelled["tokens"] < 200
+    assert complete(http, prompt="still", max_tokens=1)["choices"][0]["text"] == "still"
+
+
+def test_an_error_after_the_headers_is_an_sse_error_then_done(http: httpx.Client, client: openai.OpenAI) -> None:
+    events = stream_events(http, "/v1/completions", {"model": FAILING, "prompt": "one two three four",
+                                                     "max_tokens": 10, "stream": True})
+    assert [e.name for e in events] == [None, None, None, "error", None]
+    assert [json.loads(e.data)["choices"][0]["text"] for e in events[:3]] == ["one", " two", " three"]
+    error = json.loads(events[3].data)
+    validate(error, "ErrorResponse")
+    assert error["error"]["type"] == "server_error" and "Traceback" not in events[3].data
+    assert events[4].data == "[DONE]"
+    with pytest.raises(openai.APIError):
+        list(client.completions.create(model=FAILING, prompt="one two three four", max_tokens=10, stream=True))
+    whole = http.post("/v1/completions", json={"model": FAILING, "prompt": "one two three four", "max_tokens": 10})
+    assert whole.status_code == 500
+    validate(whole.json(), "ErrorResponse")
+
+
+def _bad_requests() -> list[tuple[str, dict[str, Any], int, str | None]]:
+    return [
+        ("token outside the vocabulary", {"prompt": [1, 49152]}, 400, "prompt"),
+        ("negative token", {"prompt": [-1]}, 400, "prompt"),
+        ("prompt longer than the context", {"prompt": "word " * 300}, 400, "prompt"),
+        ("max_tokens beyond the context", {"prompt": "x", "max_tokens": 256}, 400, "max_tokens"),
+        ("max_tokens negative", {"prompt": "x", "max_tokens": -1}, 400, "max_tokens"),
+        ("max_tokens 0 without echo", {"prompt": "x", "max_tokens": 0}, 400, "max_tokens"),
+        ("empty prompt", {"prompt": []}, 400, "prompt"),
+        ("missing prompt", {}, 400, "prompt"),
+        ("suffix", {"prompt": "x", "suffix": "y"}, 400, "suffix"),
+        ("best_of unlike n", {"prompt": "x", "best_of": 3}, 400, "best_of"),
+        ("n 0", {"prompt": "x", "n": 0}, 400, "n"),
+        ("n 17", {"prompt": "x", "n": 17}, 400, "n"),
+        ("temperature 2.5", {"prompt": "x", "temperature": 2.5}, 400, "temperature"),
+        ("temperature negative", {"prompt": "x", "temperature": -0.1}, 400, "temperature"),
+        ("top_p 1.5", {"prompt": "x", "top_p": 1.5}, 400, "top_p"),
+        ("top_p negative", {"prompt": "x", "top_p": -0.5}, 400, "top_p"),
+        ("five stop strings", {"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
+        ("logprobs 6", {"prompt": "x", "logprobs": 6}, 400, "logprobs"),
+        ("top logprobs", {"prompt": "x", "logprobs": 2}, 400, "top_logprobs"),
+        ("frequency_penalty", {"prompt": "x", "frequency_penalty": 1}, 400, "frequency_penalty"),
+        ("stream_options without stream", {"prompt": "x", "stream_options": {"include_usage": True}}, 400,
+         "stream_options"),
+        ("unknown model", {"model": "no-such-model", "prompt": "x"}, 404, "model"),
+        ("embedding model", {"model": "all-minilm-l6-v2", "prompt": "x"}, 400, "model"),
+    ]
+
+
+@pytest.mark.parametrize(("case", "body", "status", "param"), _bad_requests(), ids=[c[0] for c in _bad_requests()])
+def test_bad_requests_get_openai_errors(http: httpx.Client, case: str, body: dict[str, Any], status: int,
+                                        param: str | None) -> None:
+    for stream in (False, True) if "stream_options" not in body else (False,):
+        response = http.post("/v1/completions", json={"model": ECHO, **body, "stream": stream})
+        assert response.status_code == status, response.text
+        error = response.json()
+        validate(error, "ErrorResponse")
+        assert error["error"]["param"] == param and "Traceback" not in response.text
+    assert complete(http, prompt="fine", max_tokens=1)["choices"][0]["text"] == "fine"
