@@ -95,7 +95,7 @@ class LlmModel(TritonModelEntry):
         "tensor name; the data type comes from the Triton model's configuration",
     )
     max_choices: Annotated[int, Field(gt=0)] = Field(
-        64, description="Most completions one request may ask for: prompts × `n` (each `n` is at most 16)"
+        64, description="Most completions one request may ask for: prompts times `n` (each `n` is at most 16)"
     )
 
 

@@ -80,8 +80,9 @@ class Completion:
     def finish(self) -> llm_pb2.Delta:
         """The last increment, with the finish reason."""
         text = ""
-        if not self.stopped:
-            text = "".join(self._decode(t) for t in self.tokens.flush())
+        if not self.strings.stopped:  # what was held back did not become a stop string: it goes out
+            if not self.tokens.stopped:
+                text = "".join(self._decode(t) for t in self.tokens.flush())
             text += self.strings.feed(self.detokenizer.flush())
             if not self.strings.stopped:
                 text += self.strings.flush()
@@ -117,37 +118,56 @@ class Completion:
 T = TypeVar("T")
 
 
-async def merge(streams: Sequence[AsyncGenerator[T, None]]) -> AsyncIterator[T]:
-    """Items of concurrent streams as they come; the first failure cancels the rest."""
-    if len(streams) == 1:
-        async with contextlib.aclosing(streams[0]) as only:
-            async for item in only:
-                yield item
-        return
+async def merge(streams: Sequence[AsyncGenerator[T, None]]) -> AsyncIterator[list[T]]:
+    """Items of concurrent streams, in batches: everything that arrived while the consumer was busy
+    comes together (at once when it is idle). The first failure cancels the rest."""
     queue: asyncio.Queue[tuple[T] | BaseException | None] = asyncio.Queue()  # (item,) | failure | end
 
     async def pump(stream: AsyncGenerator[T, None]) -> None:
         try:
             async with contextlib.aclosing(stream) as items:
                 async for item in items:
-                    await queue.put((item,))
+                    queue.put_nowait((item,))
         except Exception as exc:
-            await queue.put(exc)
+            queue.put_nowait(exc)
         else:
-            await queue.put(None)
+            queue.put_nowait(None)
 
     tasks = [asyncio.create_task(pump(stream)) for stream in streams]
     try:
         running = len(tasks)
         while running:
+            batch = []
             message = await queue.get()
-            if isinstance(message, BaseException):
-                raise message
-            if message is None:
-                running -= 1
-            else:
-                yield message[0]
+            while True:
+                if isinstance(message, BaseException):
+                    raise message
+                if message is None:
+                    running -= 1
+                else:
+                    batch.append(message[0])
+                if queue.empty():
+                    break
+                message = queue.get_nowait()
+            if batch:
+                yield batch
     finally:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def coalesce(deltas: Sequence[llm_pb2.Delta]) -> list[llm_pb2.Delta]:
+    """One delta per completion: consecutive increments joined (when the reader lags behind Triton,
+    this is what keeps messages and HTTP writes from growing with the token rate)."""
+    merged: dict[int, llm_pb2.Delta] = {}
+    for delta in deltas:
+        into = merged.get(delta.index)
+        if into is None:
+            merged[delta.index] = delta
+            continue
+        into.text += delta.text
+        into.logprobs.extend(delta.logprobs)
+        if delta.finish_reason:
+            into.finish_reason = delta.finish_reason
+    return list(merged.values())

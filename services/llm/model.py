@@ -17,7 +17,7 @@ from services.llm.backends import LlmBackend, Sampling
 from services.llm.chat import load_chat_template
 from services.llm.detokenizer import TokenText, text_decoder
 from services.llm.fastertransformer import FasterTransformer
-from services.llm.generation import Completion, merge
+from services.llm.generation import Completion, coalesce, merge
 from services.llm.params import Defaults, check_request, choice_seeds, for_choice, max_new_tokens, sampling
 from tritongate.common.v1 import common_pb2
 from tritongate.config import ConfigError, LlmModel, ModelInfo
@@ -125,8 +125,9 @@ class LanguageModel(ServedModel):
         log.debug("request %s: %d prompt tokens, %d choices", request.request_id, prompt_tokens, len(completions))
         yield llm_pb2.GenerateResponse(accepted=llm_pb2.Accepted(prompt_tokens=prompt_tokens,
                                                                  choices=len(completions)))
-        async for delta in merge(streams):
-            yield llm_pb2.GenerateResponse(delta=delta)
+        async for batch in merge(streams):
+            for delta in coalesce(batch):
+                yield llm_pb2.GenerateResponse(delta=delta)
         generated = sum(completion.consumed for completion in completions)
         yield llm_pb2.GenerateResponse(usage=common_pb2.Usage(
             prompt_tokens=prompt_tokens, completion_tokens=generated, total_tokens=prompt_tokens + generated))

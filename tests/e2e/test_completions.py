@@ -1,12 +1,16 @@
 """/v1/completions end to end: HTTP and the openai SDK → edge → llm service → real Triton.
 
 Exact text comes from ft-echo (its continuation repeats the prompt's tokens) with SmolLM2's byte-level
-tokenizer, so stops split across tokens and characters split across tokens happen for real.
+tokenizer, so stops split across tokens and characters split across tokens happen for real. Tests of
+exact chunk boundaries use ft-echo paced at 50 ms per token: the llm service joins the increments a
+lagging reader has not taken yet into one message, so at full speed a chunk may hold several tokens.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -14,12 +18,13 @@ import httpx
 import openai
 import pytest
 
-from tests.conftest import wait_until
+from tests.conftest import LocalStack, _spawn, free_port, wait_until
 from tests.e2e.streams import stream_chunks, stream_events, validate_completion_chunk
 from tests.openai_schema import validate
+from tritongate.up import http_ok
 
 ECHO = "ft-echo"
-SLOW = "ft-echo-slow"  # 50 ms per token
+SLOW = "ft-echo-slow"  # 50 ms per token: one chunk per token
 FAILING = "ft-echo-failing"  # Triton fails the request after 3 tokens
 END_ID = 2
 
@@ -56,6 +61,16 @@ def texts_and_reasons(result: list[dict[str, Any]]) -> list[tuple[str, str | Non
     return [(c["choices"][0]["text"], c["choices"][0]["finish_reason"]) for c in result]
 
 
+def paced_chunks(http: httpx.Client, **body: Any) -> list[tuple[str, str | None]]:
+    """Texts and finish reasons of the paced model's chunks, one per token. At full speed the same text
+    must come, perhaps in fewer chunks, never with half a character."""
+    paced = texts_and_reasons(chunks(http, **body, model=SLOW))
+    fast = texts_and_reasons(chunks(http, **body))
+    assert "".join(text for text, _ in fast) == "".join(text for text, _ in paced)
+    assert fast[-1] == paced[-1] and all("\ufffd" not in text for text, _ in fast)
+    return paced
+
+
 @pytest.mark.parametrize(("stop", "streamed", "text"), [
     ([" STOP"], ["The", " END", "."], "The END."),  # ' STOP' is the tokens ' ST' + 'OP'
     (["D. S"], ["The", " EN"], "The EN"),  # across three tokens, starting inside one
@@ -63,8 +78,7 @@ def texts_and_reasons(result: list[dict[str, Any]]) -> list[tuple[str, str | Non
 def test_stop_strings_split_across_tokens(http: httpx.Client, tokenizer: Any, stop: list[str],
                                           streamed: list[str], text: str) -> None:
     prompt = ids(tokenizer, "The END. STOP here")
-    result = chunks(http, prompt=prompt, max_tokens=12, stop=stop)
-    assert texts_and_reasons(result) == [(t, None) for t in streamed] + [("", "stop")]
+    assert paced_chunks(http, prompt=prompt, max_tokens=12, stop=stop) == [(t, None) for t in streamed] + [("", "stop")]
     whole = complete(http, prompt=prompt, max_tokens=12, stop=stop)
     assert whole["choices"][0]["text"] == text and whole["choices"][0]["finish_reason"] == "stop"
     assert whole["usage"]["completion_tokens"] == (5 if stop == [" STOP"] else 4)
@@ -77,8 +91,7 @@ def test_stop_strings_split_across_tokens(http: httpx.Client, tokenizer: Any, st
 def test_characters_split_across_tokens_arrive_whole(http: httpx.Client, tokenizer: Any, text: str,
                                                      pieces: list[str]) -> None:
     prompt = ids(tokenizer, text)
-    result = chunks(http, prompt=prompt, max_tokens=len(prompt))
-    assert texts_and_reasons(result) == [(p, None) for p in pieces] + [("", "length")]
+    assert paced_chunks(http, prompt=prompt, max_tokens=len(prompt)) == [(p, None) for p in pieces] + [("", "length")]
     assert complete(http, prompt=prompt, max_tokens=len(prompt))["choices"][0]["text"] == text
 
 
@@ -116,8 +129,8 @@ def test_usage_chunk_then_done(http: httpx.Client) -> None:
 def test_echo(http: httpx.Client) -> None:
     only = complete(http, prompt="Say it twice", max_tokens=0, echo=True)
     assert only["choices"][0]["text"] == "Say it twice" and only["usage"]["completion_tokens"] == 0
-    result = chunks(http, prompt="Say it", max_tokens=2, echo=True)
-    assert [c["choices"][0]["text"] for c in result] == ["Say it", "Say", " it", ""]
+    assert [text for text, _ in paced_chunks(http, prompt="Say it", max_tokens=2, echo=True)] == \
+        ["Say it", "Say", " it", ""]
 
 
 def test_logprobs_of_the_chosen_tokens(http: httpx.Client, tokenizer: Any) -> None:
@@ -127,8 +140,8 @@ def test_logprobs_of_the_chosen_tokens(http: httpx.Client, tokenizer: Any) -> No
     assert choice["text"] == "one two 😀" and logprobs["tokens"][:2] == ["one", " two"]
     assert [round(v, 3) for v in logprobs["token_logprobs"]] == [-0.1, -0.2, -0.3, -0.4]  # ft-echo's values
     assert logprobs["text_offset"] == [0, 3, 7, 7]
-    streamed = chunks(http, prompt=prompt, max_tokens=4, logprobs=0)
-    assert [len(c["choices"][0]["logprobs"]["tokens"]) for c in streamed[:-1]] == [1, 1, 2]
+    streamed = chunks(http, prompt=prompt, max_tokens=4, logprobs=0, model=SLOW)
+    assert [len(c["choices"][0]["logprobs"]["tokens"]) for c in streamed[:-1]] == [1, 1, 2]  # the emoji's two
 
 
 def test_the_seeds_example_with_stream_as_a_string(http: httpx.Client) -> None:
@@ -140,25 +153,33 @@ def test_the_seeds_example_with_stream_as_a_string(http: httpx.Client) -> None:
 
 
 def test_openai_sdk(client: openai.OpenAI) -> None:
-    result = client.completions.create(model=ECHO, prompt="ping pong", max_tokens=3, stop=["pong "])
-    assert result.choices[0].text == "ping pongping" and result.choices[0].finish_reason == "length"
-    streamed = list(client.completions.create(model=ECHO, prompt="ping pong", max_tokens=3, stream=True))
-    assert "".join(c.choices[0].text for c in streamed) == "ping pongping"
+    # "world" is held back as a possible start of "world " until the next token says otherwise.
+    result = client.completions.create(model=ECHO, prompt="Hello world", max_tokens=3, stop=["world "])
+    assert result.choices[0].text == "Hello worldHello" and result.choices[0].finish_reason == "length"
+    streamed = list(client.completions.create(model=ECHO, prompt="Hello world", max_tokens=3, stream=True,
+                                              stop="world ", stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == "Hello worldHello"
+    assert streamed[-1].usage is not None and streamed[-1].usage.completion_tokens == 3
 
 
 def _events(events_file: Path, offset: int) -> list[dict[str, Any]]:
     return [json.loads(line) for line in events_file.read_text()[offset:].splitlines() if line]
 
 
-def test_a_client_disconnect_cancels_generation_in_triton(http: httpx.Client, events_file: Path) -> None:
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_client_disconnect_cancels_generation_in_triton(http: httpx.Client, events_file: Path, stream: bool) -> None:
     offset = len(events_file.read_text())
-    with http.stream("POST", "/v1/completions", json={"model": SLOW, "prompt": "tick tock", "max_tokens": 200,
-                                                      "stream": True}) as response:
-        received = 0
-        for line in response.iter_lines():
-            received += line.startswith("data:")
-            if received == 2:
-                break  # leaving the block closes the connection
+    body = {"model": SLOW, "prompt": "tick tock", "max_tokens": 200, "stream": stream}
+    if stream:
+        with http.stream("POST", "/v1/completions", json=body) as response:
+            received = 0
+            for line in response.iter_lines():
+                received += line.startswith("data:")
+                if received == 2:
+                    break  # leaving the block closes the connection
+    else:
+        with pytest.raises(httpx.ReadTimeout):  # the client gives up and closes the connection
+            http.post("/v1/completions", json=body, timeout=0.5)
     wait_until(lambda: any(e["event"] == "cancelled" for e in _events(events_file, offset)), 10,
                "the model to see the cancellation")
     cancelled = next(e for e in _events(events_file, offset) if e["event"] == "cancelled")
@@ -180,6 +201,31 @@ def test_an_error_after_the_headers_is_an_sse_error_then_done(http: httpx.Client
     whole = http.post("/v1/completions", json={"model": FAILING, "prompt": "one two three four", "max_tokens": 10})
     assert whole.status_code == 500
     validate(whole.json(), "ErrorResponse")
+
+
+def test_an_edge_stopped_with_sigterm_finishes_its_streams_first(stack: LocalStack, http: httpx.Client,
+                                                                 tmp_path: Path) -> None:
+    port = free_port()
+    edge = _spawn(["edge", "--port", str(port), f"--llm={stack.service_address('llm')}",
+                   f"--embed=127.0.0.1:{free_port()}", f"--rerank=127.0.0.1:{free_port()}"],
+                  dict(os.environ), tmp_path / "edge.log")
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_until(lambda: http_ok(f"{url}/health"), 60, "the edge", edge)
+        body = {"model": SLOW, "prompt": "tick tock", "max_tokens": 30, "stream": True}  # 1.5 s of tokens
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=30) as response:
+            lines = response.iter_lines()
+            data = [line for line in (next(lines), next(lines), next(lines)) if line.startswith("data:")]
+            edge.send_signal(signal.SIGTERM)
+            data += [line for line in lines if line.startswith("data:")]
+        assert data[-1] == "data: [DONE]" and json.loads(data[-2][5:])["choices"][0]["finish_reason"] == "length"
+        whole = complete(http, prompt="tick tock", max_tokens=30)["choices"][0]["text"]
+        assert "".join(json.loads(line[5:])["choices"][0]["text"] for line in data[:-1]) == whole
+        assert edge.wait(30) == 0
+    finally:
+        if edge.poll() is None:
+            edge.kill()
+            edge.wait()
 
 
 def _bad_requests() -> list[tuple[str, dict[str, Any], int, str | None]]:

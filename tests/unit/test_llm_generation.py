@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from services.llm.detokenizer import TokenText, text_decoder
-from services.llm.generation import Completion, merge
+from services.llm.generation import Completion, coalesce, merge
 from tritongate.llm.v1 import llm_pb2
 
 SMOLLM2 = "smollm2-135m-instruct"
@@ -97,6 +97,12 @@ def test_held_back_text_is_released_at_the_end(tokenizer: Any) -> None:
     assert "".join(d.text for d in deltas) == "x ab" and deltas[-1].finish_reason == "length"
 
 
+def test_text_held_for_a_stop_string_goes_out_when_the_end_id_comes(tokenizer: Any) -> None:
+    c = completion(tokenizer, stops=["abc"])
+    deltas = run(c, [[t] for t in [*ids(tokenizer, "x ab"), END_ID]])
+    assert "".join(d.text for d in deltas) == "x ab" and deltas[-1].finish_reason == "stop"
+
+
 async def _items(values: list[int], delay: float, fail: bool = False) -> AsyncGenerator[int, None]:
     for value in values:
         await asyncio.sleep(delay)
@@ -106,8 +112,25 @@ async def _items(values: list[int], delay: float, fail: bool = False) -> AsyncGe
 
 
 async def test_merge_interleaves_concurrent_streams() -> None:
-    got = [item async for item in merge([_items([1, 2, 3], 0.02), _items([10, 20, 30], 0.03)])]
+    got = [item async for batch in merge([_items([1, 2, 3], 0.02), _items([10, 20, 30], 0.03)]) for item in batch]
     assert sorted(got) == [1, 2, 3, 10, 20, 30] and got.index(10) < got.index(3)
+
+
+async def test_merge_batches_what_arrived_while_the_reader_was_busy() -> None:
+    batches = []
+    async for batch in merge([_items(list(range(6)), 0.01)]):
+        batches.append(batch)
+        await asyncio.sleep(0.035)  # a slow reader
+    assert [item for batch in batches for item in batch] == list(range(6))
+    assert batches[0] == [0] and len(batches) < 6
+
+
+def test_coalesce_joins_increments_per_completion() -> None:
+    entry = llm_pb2.TokenLogprob(token="a", logprob=-1)
+    deltas = [llm_pb2.Delta(index=0, text="a", logprobs=[entry]), llm_pb2.Delta(index=1, text="x"),
+              llm_pb2.Delta(index=0, text="b", logprobs=[entry]), llm_pb2.Delta(index=0, finish_reason="stop")]
+    assert coalesce(deltas) == [llm_pb2.Delta(index=0, text="ab", logprobs=[entry, entry], finish_reason="stop"),
+                                llm_pb2.Delta(index=1, text="x")]
 
 
 async def test_merge_fails_when_one_stream_fails_and_closes_the_others() -> None:

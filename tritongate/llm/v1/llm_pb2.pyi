@@ -129,6 +129,8 @@ Global___Prompts: _TypeAlias = Prompts  # noqa: Y015
 
 @_typing.final
 class GenerateRequest(_message.Message):
+    """What to generate from, and how to sample."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     @_typing.final
@@ -297,7 +299,7 @@ class Accepted(_message.Message):
     prompt_tokens: _builtins.int
     """Tokens in the prompts (each prompt counted once, whatever `n`)."""
     choices: _builtins.int
-    """Completions that will follow: prompts × n, indexed 0 .. choices-1."""
+    """Completions that will follow: prompts times n, indexed 0 .. choices-1."""
     def __init__(
         self,
         *,
@@ -348,7 +350,7 @@ Global___TokenLogprob: _TypeAlias = TokenLogprob  # noqa: Y015
 
 @_typing.final
 class Delta(_message.Message):
-    """One increment of one completion."""
+    """One increment of one completion. Increments a slow reader has not taken yet are joined into one."""
 
     DESCRIPTOR: _descriptor.Descriptor
 

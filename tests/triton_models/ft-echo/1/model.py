@@ -37,6 +37,23 @@ import triton_python_backend_utils as pb_utils
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 _events_lock = threading.Lock()
+# The Python-backend stub (Triton 2.51) crashes (segfaults in the stub) when several threads send
+# responses or check cancellation at the same time, e.g. 64 concurrent streams or many streams
+# cancelled at once: every call into the response sender and `is_cancelled` goes through this lock.
+_backend_lock = threading.Lock()
+
+
+def _send(sender, response=None, flags=0):
+    with _backend_lock:
+        if response is None:
+            sender.send(flags=flags)
+        else:
+            sender.send(response, flags=flags)
+
+
+def _is_cancelled(request):
+    with _backend_lock:
+        return request.is_cancelled()
 
 
 def _scalar(request, name, default, cast):
@@ -116,7 +133,7 @@ class TritonPythonModel:
             try:
                 job = Job(request, self.params)
             except ValueError as exc:
-                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc))), flags=FINAL)
+                _send(sender, pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc))), FINAL)
                 continue
             thread = threading.Thread(target=self._run, args=(request, sender, job), daemon=True)
             with self.lock:
@@ -137,7 +154,7 @@ class TritonPythonModel:
         except Exception as exc:
             pb_utils.Logger.log_error(f"ft-echo failed: {exc!r}")
             with contextlib.suppress(Exception):
-                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(repr(exc))), flags=FINAL)
+                _send(sender, pb_utils.InferenceResponse(error=pb_utils.TritonError(repr(exc))), FINAL)
         finally:
             with self.lock:
                 self.threads.discard(threading.current_thread())
@@ -150,15 +167,15 @@ class TritonPythonModel:
         while True:
             if job.delay:
                 time.sleep(job.delay)
-            if self.stopping.is_set() or request.is_cancelled():
+            if self.stopping.is_set() or _is_cancelled(request):
                 pb_utils.Logger.log_info(f"ft-echo cancelled after {n} tokens")
                 _event(event="cancelled", model="ft-echo", request_id=job.request_id, tokens=n)
-                sender.send(flags=FINAL)
+                _send(sender, flags=FINAL)
                 return
             if job.error_after is not None and n >= job.error_after:
                 _event(event="error", model="ft-echo", request_id=job.request_id, tokens=n)
                 error = pb_utils.TritonError(f"ft-echo: injected error after {n} tokens")
-                sender.send(pb_utils.InferenceResponse(error=error), flags=FINAL)
+                _send(sender, pb_utils.InferenceResponse(error=error), FINAL)
                 return
             done = n >= limit
             chunk_end = n + job.per_response
@@ -172,7 +189,7 @@ class TritonPythonModel:
                     done, reason = True, "stop_words"
                 elif n >= limit:
                     done = True
-            sender.send(self._response(job, tokens), flags=FINAL if done else 0)
+            _send(sender, self._response(job, tokens), FINAL if done else 0)
             if done:
                 _event(event="completed", model="ft-echo", request_id=job.request_id, tokens=n, reason=reason)
                 return
