@@ -7,6 +7,7 @@ import logging
 
 from services.common.metrics import serve_metrics
 from services.common.server import ServiceSpec, run_until_signalled, start_service
+from services.common.tokenizer import keep_torch_out
 from services.common.triton import Triton
 from tritongate.config import ConfigError, ModelConfig, load_model_config
 from tritongate.settings import Settings
@@ -23,6 +24,7 @@ def build_service(name: str, config: ModelConfig, triton: Triton) -> ServiceSpec
 
 
 async def run_service(name: str, settings: Settings) -> None:
+    keep_torch_out()
     config = load_model_config(settings.config_file)
     if not getattr(config, SECTIONS[name]):
         raise ConfigError(f"{settings.config_file}: the `{SECTIONS[name]}` section is empty; "

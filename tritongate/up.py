@@ -20,7 +20,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tritongate.config import load_model_config
+from tritongate.config import ModelConfig, load_model_config
 from tritongate.settings import Settings
 from tritongate.triton_local import TritonError, TritonProcess, start_triton
 
@@ -171,7 +171,7 @@ def run_stack(settings: Settings, fetch: bool = True) -> int:
         say("starting Triton and the services (the first start loads the demo models: about a minute)")
         stack.start(lambda: stopping, ("--verbose",) if settings.verbose else ())
         if not stopping:
-            _announce(stack.edge_url, config.embedding[0].name if config.embedding else "MODEL")
+            _announce(stack.edge_url, config)
         while not stopping:
             failure = stack.failed_child()
             if failure:
@@ -183,10 +183,14 @@ def run_stack(settings: Settings, fetch: bool = True) -> int:
         stack.stop()
 
 
-def _announce(url: str, embedding_model: str) -> None:
+def _announce(url: str, config: ModelConfig) -> None:
     say(f"ready: OpenAI API at {url}/v1 (docs: {url}/docs); Ctrl-C stops everything")
-    print(f"""
-  curl {url}/v1/models
-  curl {url}/v1/embeddings -H 'Content-Type: application/json' \\
-       -d '{{"model": "{embedding_model}", "input": "The food was delicious"}}'
-""", flush=True)
+    examples = [f"  curl {url}/v1/models"]
+    if config.llm:
+        question = '[{"role": "user", "content": "What is the capital of France?"}]'
+        examples.append(f"""  curl {url}/v1/chat/completions -H 'Content-Type: application/json' \\
+       -d '{{"model": "{config.llm[0].name}", "messages": {question}}}'""")
+    if config.embedding:
+        examples.append(f"""  curl {url}/v1/embeddings -H 'Content-Type: application/json' \\
+       -d '{{"model": "{config.embedding[0].name}", "input": "The food was delicious"}}'""")
+    print("\n" + "\n".join(examples) + "\n", flush=True)

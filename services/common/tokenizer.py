@@ -12,12 +12,16 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 
-def load_tokenizer(path: str, model: str) -> PreTrainedTokenizerBase:
-    """The folder's tokenizer. Services only tokenize, so torch is kept out of the process:
-    transformers then skips it (and imports in a third of the time)."""
+def keep_torch_out() -> None:
+    """Services only tokenize: with torch kept out of the process, transformers skips it (and imports
+    in a third of the time). Called by a service process before anything imports transformers."""
     if "torch" not in sys.modules:
         sys.modules["torch"] = None  # type: ignore[assignment]
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # no "PyTorch was not found" notice
+
+
+def load_tokenizer(path: str, model: str) -> PreTrainedTokenizerBase:
+    """The folder's tokenizer (and chat template)."""
     from transformers import AutoTokenizer
 
     if not os.path.isdir(path):

@@ -110,6 +110,7 @@ class Triton:
         inputs: Mapping[str, np.ndarray],
         outputs: list[str],
         timeout: float | None = None,
+        request_id: str = "",
     ) -> AsyncIterator[dict[str, np.ndarray]]:
         """One request on its own decoupled stream; yields each response's outputs. The stream's end
         is the request's end (tritonclient cannot ask for Triton's empty final response). Closing or
@@ -120,6 +121,7 @@ class Triton:
                 "model_name": model,
                 "inputs": [make_input(name, array) for name, array in inputs.items()],
                 "outputs": [InferRequestedOutput(name) for name in outputs],
+                "request_id": request_id,
             }
 
         call = self.client(url).stream_infer(requests(), stream_timeout=timeout)

@@ -36,6 +36,7 @@ class Sampling:
     stop_words: list[list[int]] = field(default_factory=list)  # token-id words the backend may stop on
     bad_words: list[list[int]] = field(default_factory=list)  # token-id words it must not generate
     logprobs: bool = False
+    request_id: str = ""  # shown in Triton's logs and traces: the client request id and choice index
 
 
 @dataclass

@@ -145,7 +145,7 @@ class FasterTransformer:
             outputs.append("output_log_probs")
         done = len(prompt)  # valid positions already seen
         async for result in self.triton.stream(self.url, self.model, self.tensors(prompt, sampling), outputs,
-                                               timeout):
+                                               timeout, sampling.request_id):
             if "output_ids" not in result or "sequence_length" not in result:
                 continue  # the empty final response of a cancelled request
             length = int(result["sequence_length"].reshape(-1)[0])  # [batch, beam]: beam 0

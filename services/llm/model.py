@@ -120,7 +120,8 @@ class LanguageModel(ServedModel):
                 completion = Completion(p * n + j, ids, limits[p], token_stops, stops, self.decode,
                                         self.token_text, echoes[p] if request.echo else "")
                 completions.append(completion)
-                streams.append(self._run(completion, ids, for_choice(base, limits[p], seeds[j]), timeout))
+                choice = for_choice(base, limits[p], seeds[j], f"{request.request_id}-{p * n + j}")
+                streams.append(self._run(completion, ids, choice, timeout))
         prompt_tokens = sum(len(ids) for ids in prompts)
         log.debug("request %s: %d prompt tokens, %d choices", request.request_id, prompt_tokens, len(completions))
         yield llm_pb2.GenerateResponse(accepted=llm_pb2.Accepted(prompt_tokens=prompt_tokens,

@@ -184,5 +184,5 @@ def choice_seeds(request: llm_pb2.GenerateRequest, n: int) -> list[int]:
     return [(base + i) % 2**64 for i in range(n)]
 
 
-def for_choice(base: Sampling, max_new: int, seed: int) -> Sampling:
-    return replace(base, max_new_tokens=max_new, seed=seed)
+def for_choice(base: Sampling, max_new: int, seed: int, request_id: str = "") -> Sampling:
+    return replace(base, max_new_tokens=max_new, seed=seed, request_id=request_id)

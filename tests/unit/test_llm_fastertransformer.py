@@ -86,7 +86,8 @@ class FakeTriton:
         self.closed = False
 
     async def stream(self, url: str, model: str, inputs: Mapping[str, np.ndarray], outputs: list[str],
-                     timeout: float | None) -> AsyncIterator[dict[str, np.ndarray]]:
+                     timeout: float | None, request_id: str = "") -> AsyncIterator[dict[str, np.ndarray]]:
+        self.request_id = request_id
         try:
             for response in self.responses:
                 yield {name: array for name, array in response.items() if name in outputs}
@@ -114,8 +115,9 @@ async def test_cumulative_outputs_become_new_tokens() -> None:
     ])
     adapter = FasterTransformer(triton, "u", "m")  # type: ignore[arg-type]
     adapter.configure(ft_config())
-    steps = [step async for step in adapter.stream(prompt, Sampling(max_new_tokens=5, greedy=True, logprobs=True),
-                                                   None)]
+    sampling = Sampling(max_new_tokens=5, greedy=True, logprobs=True, request_id="chatcmpl-1-0")
+    steps = [step async for step in adapter.stream(prompt, sampling, None)]
     assert [s.token_ids for s in steps] == [[20], [21, 22], [2]]
     assert [s.logprobs for s in steps] == [[-1.0], [-2.0, -3.0], [-4.0]]
     assert triton.closed
+    assert triton.request_id == "chatcmpl-1-0"  # Triton's logs name the client request
