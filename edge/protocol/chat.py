@@ -9,21 +9,7 @@ from pydantic import Field, ValidationInfo, field_validator
 
 from edge.errors import bad_request
 from edge.protocol.common import OpenAIRequest
-from edge.protocol.generation import (
-    Collected,
-    N,
-    Penalty,
-    RepetitionPenalty,
-    Seed,
-    StreamOptions,
-    Temperature,
-    TopK,
-    TopP,
-    check_stream_options,
-    logit_bias_map,
-    stop_list,
-    usage_object,
-)
+from edge.protocol.generation import Collected, GenerationRequest, usage_object
 from tritongate.common.v1 import common_pb2
 from tritongate.llm.v1 import llm_pb2
 
@@ -67,46 +53,20 @@ class ChatMessage(OpenAIRequest):
         return "\n".join(texts)
 
 
-class ChatCompletionRequest(OpenAIRequest):
+class ChatCompletionRequest(GenerationRequest):
+    """The chat fields (the shared ones are in GenerationRequest)."""
+
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
-    model: str
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
-    frequency_penalty: Penalty | None = None
-    presence_penalty: Penalty | None = None
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     response_format: dict[str, Any] | None = None
-    stream: bool | None = False
-    stop: Any = None
-    logit_bias: dict[int, float] | None = None
     logprobs: bool | None = False
     max_tokens: Annotated[int, Field(ge=1)] | None = None
-    n: N | None = None
-    seed: Seed | None = None
-    stream_options: StreamOptions | None = None
-    temperature: Temperature | None = None
-    top_p: TopP | None = None
     tools: list[Any] | None = None
     tool_choice: Any = None
-    user: str | None = None
-    # Extensions (vLLM, Chinese-LLaMA-Alpaca's server).
-    top_k: TopK | None = None
-    repetition_penalty: RepetitionPenalty | None = None
-    do_sample: bool | None = None
-    num_beams: Annotated[int, Field(ge=1, le=1)] | None = None
-
-    @field_validator("stop")
-    @classmethod
-    def _stop(cls, value: Any) -> list[str] | None:
-        return None if value is None else stop_list(value)
-
-    @field_validator("logit_bias", mode="before")
-    @classmethod
-    def _logit_bias(cls, value: Any) -> dict[int, float] | None:
-        return None if value is None else logit_bias_map(value)
 
     def check(self) -> None:
-        """Rules across fields, and features this server does not have."""
-        check_stream_options(self.stream, self.stream_options)
+        super().check()
         if self.tools:
             raise bad_request("'tools' are not supported yet.", "tools")
         if self.tool_choice not in (None, "none", "auto"):

@@ -8,52 +8,23 @@ from typing import Annotated, Any
 from pydantic import Field, field_validator
 
 from edge.errors import bad_request
-from edge.protocol.common import OpenAIRequest, is_token_ids
-from edge.protocol.generation import (
-    Collected,
-    N,
-    Penalty,
-    RepetitionPenalty,
-    Seed,
-    StreamOptions,
-    Temperature,
-    TopK,
-    TopP,
-    check_stream_options,
-    logit_bias_map,
-    stop_list,
-    usage_object,
-)
+from edge.protocol.common import is_token_ids
+from edge.protocol.generation import Collected, GenerationRequest, usage_object
 from tritongate.common.v1 import common_pb2
 from tritongate.llm.v1 import llm_pb2
 
 PROMPT_SHAPES = "a string, an array of strings, an array of token ids, or an array of token-id arrays"
 
 
-class CompletionRequest(OpenAIRequest):
-    model: str
+class CompletionRequest(GenerationRequest):
+    """The completions fields (the shared ones are in GenerationRequest)."""
+
     prompt: Any = Field(...)
     best_of: Annotated[int, Field(ge=0, le=20)] | None = None
     echo: bool | None = False
-    frequency_penalty: Penalty | None = None
-    logit_bias: dict[int, float] | None = None
     logprobs: Annotated[int, Field(ge=0, le=5)] | None = None
     max_tokens: Annotated[int, Field(ge=0)] | None = None
-    n: N | None = None
-    presence_penalty: Penalty | None = None
-    seed: Seed | None = None
-    stop: Any = None
-    stream: bool | None = False
-    stream_options: StreamOptions | None = None
     suffix: str | None = None
-    temperature: Temperature | None = None
-    top_p: TopP | None = None
-    user: str | None = None
-    # Extensions (vLLM, Chinese-LLaMA-Alpaca's server).
-    top_k: TopK | None = None
-    repetition_penalty: RepetitionPenalty | None = None
-    do_sample: bool | None = None
-    num_beams: Annotated[int, Field(ge=1, le=1)] | None = None
 
     @field_validator("prompt")
     @classmethod
@@ -74,19 +45,8 @@ class CompletionRequest(OpenAIRequest):
             return value
         raise ValueError(f"'prompt' must be {PROMPT_SHAPES}")
 
-    @field_validator("stop")
-    @classmethod
-    def _stop(cls, value: Any) -> list[str] | None:
-        return None if value is None else stop_list(value)
-
-    @field_validator("logit_bias", mode="before")
-    @classmethod
-    def _logit_bias(cls, value: Any) -> dict[int, float] | None:
-        return None if value is None else logit_bias_map(value)
-
     def check(self) -> None:
-        """Rules across fields, and features this server does not have."""
-        check_stream_options(self.stream, self.stream_options)
+        super().check()
         if self.suffix:
             raise bad_request("'suffix' (insertion) is not supported.", "suffix")
         if self.best_of not in (None, self.n or 1):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Protocol
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from edge.errors import bad_request
 from edge.protocol.common import OpenAIRequest
@@ -54,31 +54,61 @@ def logit_bias_map(value: Any) -> dict[int, float]:
     return bias
 
 
-def check_stream_options(stream: bool | None, stream_options: StreamOptions | None) -> None:
-    if stream_options is not None and not stream:
-        raise bad_request("'stream_options' is only allowed when 'stream' is true.", "stream_options")
+class GenerationRequest(OpenAIRequest):
+    """The fields chat and completions requests share (OpenAI's, then our extensions), their
+    validators, and their part of the proto."""
 
+    model: str
+    frequency_penalty: Penalty | None = None
+    logit_bias: dict[int, float] | None = None
+    n: N | None = None
+    presence_penalty: Penalty | None = None
+    seed: Seed | None = None
+    stop: Any = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    user: str | None = None
+    # Extensions (vLLM, Chinese-LLaMA-Alpaca's server).
+    top_k: TopK | None = None
+    repetition_penalty: RepetitionPenalty | None = None
+    do_sample: bool | None = None
+    num_beams: Annotated[int, Field(ge=1, le=1)] | None = None
 
-def set_sampling(proto: llm_pb2.GenerateRequest, *, temperature: float | None, top_p: float | None,
-                 top_k: int | None, repetition_penalty: float | None, presence_penalty: float | None,
-                 frequency_penalty: float | None, seed: int | None, do_sample: bool | None) -> None:
-    """Optional sampling fields: unset stays unset, so the model's defaults apply."""
-    if temperature is not None:
-        proto.temperature = temperature
-    if top_p is not None:
-        proto.top_p = top_p
-    if top_k is not None:
-        proto.top_k = max(top_k, 0)
-    if repetition_penalty is not None:
-        proto.repetition_penalty = repetition_penalty
-    if presence_penalty is not None:
-        proto.presence_penalty = presence_penalty
-    if frequency_penalty is not None:
-        proto.frequency_penalty = frequency_penalty
-    if seed is not None:
-        proto.seed = seed if seed < 2**63 else seed - 2**64
-    if do_sample is not None:
-        proto.do_sample = do_sample
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, value: Any) -> list[str] | None:
+        return None if value is None else stop_list(value)
+
+    @field_validator("logit_bias", mode="before")
+    @classmethod
+    def _logit_bias(cls, value: Any) -> dict[int, float] | None:
+        return None if value is None else logit_bias_map(value)
+
+    def check(self) -> None:
+        """Rules across fields, and features this server does not have."""
+        if self.stream_options is not None and not self.stream:
+            raise bad_request("'stream_options' is only allowed when 'stream' is true.", "stream_options")
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    def proto(self, max_tokens: int | None, **fields: Any) -> llm_pb2.GenerateRequest:
+        """The GenerateRequest with the shared fields; optional ones stay unset, so the model's defaults
+        apply. `fields` are the endpoint's own."""
+        proto = llm_pb2.GenerateRequest(model=self.model, n=self.n or 1, stop=self.stop or [],
+                                        logit_bias=self.logit_bias or {}, **fields)
+        optional = {"max_tokens": max_tokens, "temperature": self.temperature, "top_p": self.top_p,
+                    "top_k": None if self.top_k is None else max(self.top_k, 0),
+                    "repetition_penalty": self.repetition_penalty, "presence_penalty": self.presence_penalty,
+                    "frequency_penalty": self.frequency_penalty, "do_sample": self.do_sample,
+                    "seed": None if self.seed is None else self.seed if self.seed < 2**63 else self.seed - 2**64}
+        for name, value in optional.items():
+            if value is not None:
+                setattr(proto, name, value)
+        return proto
 
 
 def usage_object(usage: common_pb2.Usage) -> dict[str, int]:
