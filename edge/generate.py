@@ -63,6 +63,15 @@ async def generate(request: Request, backend: Backend, proto: llm_pb2.GenerateRe
     return Response(orjson.dumps(body), media_type="application/json")
 
 
+async def _deltas(call: Call, backend: Backend, usage: common_pb2.Usage) -> AsyncIterator[llm_pb2.Delta]:
+    """The stream's deltas; the usage that closes it is copied into `usage`."""
+    while (message := await _next(call, backend)) is not None:
+        if message.WhichOneof("event") == "usage":
+            usage.CopyFrom(message.usage)
+        else:
+            yield message.delta
+
+
 async def _chunks(call: Call, backend: Backend, accepted: llm_pb2.Accepted, shape: Shape, head: dict[str, Any],
                   include_usage: bool) -> AsyncIterator[bytes]:
     """Stream chunks: openings, one chunk per delta, an empty one with each finish reason, usage."""
@@ -77,11 +86,7 @@ async def _chunks(call: Call, backend: Backend, accepted: llm_pb2.Accepted, shap
             if opening is not None:
                 yield chunk(opening)
         usage = common_pb2.Usage()
-        while (message := await _next(call, backend)) is not None:
-            if message.WhichOneof("event") == "usage":
-                usage = message.usage
-                continue
-            delta = message.delta
+        async for delta in _deltas(call, backend, usage):
             if delta.text or delta.logprobs:
                 yield chunk(shape.delta(delta))
             if delta.finish_reason:
@@ -96,11 +101,7 @@ async def _collect(call: Call, backend: Backend, accepted: llm_pb2.Accepted, sha
                    ) -> dict[str, Any]:
     choices = [Collected() for _ in range(accepted.choices)]
     usage = common_pb2.Usage()
-    while (message := await _next(call, backend)) is not None:
-        if message.WhichOneof("event") == "usage":
-            usage = message.usage
-            continue
-        delta = message.delta
+    async for delta in _deltas(call, backend, usage):
         choice = choices[delta.index]
         choice.parts.append(delta.text)
         choice.logprobs.extend(delta.logprobs)

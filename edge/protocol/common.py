@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict
 
 
@@ -11,3 +13,29 @@ class OpenAIRequest(BaseModel):
 
 def is_token_ids(value: object) -> bool:
     return isinstance(value, list) and all(type(t) is int for t in value)
+
+
+BATCH_SHAPES = "a string, an array of strings, an array of token ids, or an array of token-id arrays"
+
+
+def text_or_token_batch(value: Any, param: str, empty_strings: bool) -> list[str] | list[list[int]]:
+    """OpenAI's `input` (embeddings) and `prompt` (completions): one or many texts or token-id lists,
+    normalised to a list of strings or a list of token-id lists, with messages naming `param`."""
+    if isinstance(value, str) or (is_token_ids(value) and value):
+        value = [value]
+    if not isinstance(value, list):
+        raise ValueError(f"'{param}' must be {BATCH_SHAPES}")
+    if not value:
+        raise ValueError(f"'{param}' must not be empty")
+    if all(isinstance(item, str) for item in value):
+        if not empty_strings and any(item == "" for item in value):
+            raise ValueError(f"'{param}' must not contain empty strings")
+        return value
+    if all(is_token_ids(item) for item in value):
+        for ids in value:
+            if not ids:
+                raise ValueError(f"'{param}' must not contain empty token arrays")
+            if any(t < 0 or t >= 2**32 for t in ids):
+                raise ValueError("token ids must be between 0 and 2^32 - 1")
+        return value
+    raise ValueError(f"'{param}' must be {BATCH_SHAPES}")

@@ -8,12 +8,10 @@ from typing import Annotated, Any
 from pydantic import Field, field_validator
 
 from edge.errors import bad_request
-from edge.protocol.common import is_token_ids
+from edge.protocol.common import text_or_token_batch
 from edge.protocol.generation import Collected, GenerationRequest, usage_object
 from tritongate.common.v1 import common_pb2
 from tritongate.llm.v1 import llm_pb2
-
-PROMPT_SHAPES = "a string, an array of strings, an array of token ids, or an array of token-id arrays"
 
 
 class CompletionRequest(GenerationRequest):
@@ -29,21 +27,7 @@ class CompletionRequest(GenerationRequest):
     @field_validator("prompt")
     @classmethod
     def _prompt(cls, value: Any) -> list[str] | list[list[int]]:
-        """Normalised to a list of strings or a list of token-id lists."""
-        if isinstance(value, str) or (is_token_ids(value) and value):
-            value = [value]
-        if not isinstance(value, list) or not value:
-            raise ValueError(f"'prompt' must be {PROMPT_SHAPES}, and not empty")
-        if all(isinstance(item, str) for item in value):
-            return value
-        if all(is_token_ids(item) for item in value):
-            for ids in value:
-                if not ids:
-                    raise ValueError("'prompt' must not contain empty token arrays")
-                if any(t < 0 or t >= 2**32 for t in ids):
-                    raise ValueError("token ids must be between 0 and 2^32 - 1")
-            return value
-        raise ValueError(f"'prompt' must be {PROMPT_SHAPES}")
+        return text_or_token_batch(value, "prompt", empty_strings=True)
 
     def check(self) -> None:
         super().check()
