@@ -112,7 +112,7 @@ class EncoderEntry(TritonModelEntry):
         None, description="Rows per Triton request; default: the Triton model's max_batch_size"
     )
     max_concurrent_batches: Annotated[int, Field(gt=0)] = Field(
-        2, description="Triton calls in flight per model; requests arriving meanwhile are merged"
+        4, description="Triton calls in flight per model; requests arriving meanwhile are merged"
     )
 
 

@@ -7,6 +7,7 @@ Batcher), so many small requests cost Triton one call, and a large request is sp
 from __future__ import annotations
 
 import asyncio
+import math
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -63,7 +64,9 @@ class Batcher:
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def submit(self, rows: Sequence[Row]) -> np.ndarray:
-        parts = [_Waiting(rows[i:i + self.batch_size]) for i in range(0, len(rows), self.batch_size)]
+        # Equal parts (100 rows with batch size 64: 50 + 50, not 64 + 36), so instances finish together.
+        size = max(1, math.ceil(len(rows) / math.ceil(len(rows) / self.batch_size))) if rows else 1
+        parts = [_Waiting(rows[i:i + size]) for i in range(0, len(rows), size)]
         self._waiting.extend(parts)
         self._dispatch()
         try:

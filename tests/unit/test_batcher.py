@@ -54,6 +54,14 @@ async def test_requests_waiting_for_a_slot_leave_together() -> None:
     assert [r.ravel().tolist() for r in results] == [[10], [20, 30], [40, 50], [60, 70]]
 
 
+async def test_large_requests_are_split_into_equal_parts_of_at_most_the_batch_size() -> None:
+    fake = FakeTriton()
+    fake.release.set()
+    batcher = Batcher(fake, batch_size=4, slots=4)
+    await batcher.submit(rows(*range(1, 6)))
+    assert sorted(fake.calls) == [[1, 2, 3], [4, 5]]
+
+
 async def test_large_requests_are_split_at_the_batch_size() -> None:
     fake = FakeTriton()
     fake.release.set()
