@@ -171,11 +171,6 @@ class EncoderModel(ServedModel):
         tensors = {theirs: arrays[ours].astype(dtype, copy=False) for ours, (theirs, dtype) in self.inputs.items()}
         return tensors, mask
 
-    async def ensure_ready(self) -> None:
-        if not self.ready and not await self.refresh():
-            raise ServiceError(grpc.StatusCode.UNAVAILABLE,
-                               f"model `{self.name}` is not ready in Triton at {self.url}")
-
     async def _infer(self, rows: list[Row]) -> np.ndarray:
         """One Triton call for rows of possibly many requests, post-processed to one row per input."""
         tensors, mask = self._tensors(rows)

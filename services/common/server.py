@@ -17,7 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
-from services.common.errors import model_not_found, rpc
+from services.common.errors import ServiceError, model_not_found, rpc
 from services.common.metrics import MetricsInterceptor, handled_by_code, in_flight
 from services.common.triton import MAX_MESSAGE_BYTES, Triton
 from tritongate.common.v1 import common_pb2
@@ -58,6 +58,11 @@ class ServedModel:
             log.warning("model %s is no longer ready in Triton at %s", self.name, self.url)
         self.ready = ready
         return ready
+
+    async def ensure_ready(self) -> None:
+        """Before serving a request: UNAVAILABLE unless the Triton model is (or has just become) ready."""
+        if not self.ready and not await self.refresh():
+            raise ServiceError(grpc.StatusCode.UNAVAILABLE, f"model `{self.name}` is not ready in Triton at {self.url}")
 
     def on_ready(self, triton_config: dict[str, Any]) -> None:
         """Read what the service needs from the Triton model configuration."""

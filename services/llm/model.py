@@ -7,9 +7,7 @@ import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from typing import Any
 
-import grpc
-
-from services.common.errors import ServiceError, invalid_argument
+from services.common.errors import invalid_argument
 from services.common.server import ServedModel
 from services.common.tokenizer import load_tokenizer
 from services.common.triton import Triton
@@ -56,10 +54,6 @@ class LanguageModel(ServedModel):
         card = super().card()
         card.max_model_len = self.defaults.max_len
         return card
-
-    async def ensure_ready(self) -> None:
-        if not self.ready and not await self.refresh():
-            raise ServiceError(grpc.StatusCode.UNAVAILABLE, f"model `{self.name}` is not ready in Triton at {self.url}")
 
     def tokenize(self, text: str, special: bool) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=special))
