@@ -8,18 +8,21 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from edge.auth import install_auth
 from edge.clients import ModelDirectory, open_backends
 from edge.errors import install_error_handlers
 from edge.limits import BodySizeLimit
 from edge.metrics import install_metrics
 from edge.routers import chat, completions, embeddings, health, models, rerank
 from tritongate.settings import Settings, get_settings
+from tritongate.tls import client_tls
 
 log = logging.getLogger(__name__)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
+    client_tls(settings)  # a CA that cannot be read stops the edge here, not in the lifespan
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -43,5 +46,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for module in (models, chat, completions, embeddings, rerank, health):
         app.include_router(module.router)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    install_auth(app, settings)  # outside the body limit: a request without a key is refused unread
     install_metrics(app)
     return app

@@ -16,12 +16,15 @@ from typing import Any
 import grpc
 
 from edge.errors import OpenAIError, bad_request, from_grpc, model_not_found
+from edge.metrics import current
 from services.common.triton import MAX_MESSAGE_BYTES
 from tritongate.common.v1 import common_pb2
 from tritongate.embed.v1 import embed_pb2_grpc
 from tritongate.llm.v1 import llm_pb2_grpc
+from tritongate.logs import request_metadata
 from tritongate.rerank.v1 import rerank_pb2_grpc
 from tritongate.settings import Settings
+from tritongate.tls import ClientTls, client_tls
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +46,10 @@ def _service_config(service: str, idempotent: list[str]) -> str:
     })
 
 
-def open_channel(target: str, service: str, idempotent: list[str]) -> grpc.aio.Channel:
-    options = [
+def open_channel(target: str, service: str, idempotent: list[str], tls: ClientTls | None = None
+                 ) -> grpc.aio.Channel:
+    """A channel to one service; over TLS when `tls` is given."""
+    options: list[tuple[str, Any]] = [
         ("grpc.service_config", _service_config(service, idempotent)),
         ("grpc.enable_retries", 1),
         ("grpc.dns_min_time_between_resolutions_ms", 1000),
@@ -54,7 +59,13 @@ def open_channel(target: str, service: str, idempotent: list[str]) -> grpc.aio.C
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.keepalive_time_ms", 20_000),
         ("grpc.keepalive_timeout_ms", 10_000),
+        # The default reconnect backoff grows to 120 s: a service that comes back would go unnoticed that long.
+        ("grpc.initial_reconnect_backoff_ms", 250),
+        ("grpc.min_reconnect_backoff_ms", 250),
+        ("grpc.max_reconnect_backoff_ms", 2000),
     ]
+    if tls is not None:
+        return grpc.aio.secure_channel(target, tls.credentials, options=[*options, *tls.options])
     return grpc.aio.insecure_channel(target, options=options)
 
 
@@ -66,9 +77,11 @@ class Backend:
     name: str
     channel: grpc.aio.Channel
     stub: Any
+    retry_after_s: int = 1  # what a 429 from this service tells the client
 
     async def list_models(self, timeout: float) -> list[common_pb2.ModelCard]:
-        response = await self.stub.ListModels(common_pb2.ListModelsRequest(), timeout=timeout)
+        response = await self.stub.ListModels(common_pb2.ListModelsRequest(), timeout=timeout,
+                                              metadata=request_metadata())
         return list(response.models)
 
 
@@ -82,12 +95,15 @@ class ModelDirectory:
     _cards: dict[str, tuple[common_pb2.ModelCard, Backend]] = field(default_factory=dict)
     _fetched: float = 0.0
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    _down: set[str] = field(default_factory=set)  # kinds whose service did not answer the last refresh
 
     async def refresh(self) -> dict[str, tuple[common_pb2.ModelCard, Backend]]:
         """Ask every service concurrently; a service that is down or slow drops out."""
         backends = list(self.backends.values())
         results = await asyncio.gather(*(b.list_models(self.timeout) for b in backends), return_exceptions=True)
         cards: dict[str, tuple[common_pb2.ModelCard, Backend]] = {}
+        self._down = {backend.kind for backend, result in zip(backends, results, strict=True)
+                      if isinstance(result, BaseException)}
         for backend, result in zip(backends, results, strict=True):
             if isinstance(result, BaseException):
                 log.debug("%s service did not list its models: %s", backend.name, result)
@@ -112,22 +128,33 @@ class ModelDirectory:
         return found
 
     async def route(self, model: Any, kind: str) -> tuple[common_pb2.ModelCard, Backend]:
-        """The service for `model`, which must be of `kind`: 404 when unknown, 400 when of another kind."""
+        """The service for `model`, which must be of `kind`: 404 when unknown, 400 when of another kind,
+        503 when unknown while the service for `kind` is down (the model may well be one of its own)."""
         if not isinstance(model, str) or not model:
             raise bad_request("`model` must be a non-empty string.", "model")
-        card, backend = await self.find(model)
+        try:
+            card, backend = await self.find(model)
+        except OpenAIError:
+            if kind in self._down:
+                raise OpenAIError(503, f"The {self.backends[kind].name} service is unavailable; try again shortly.",
+                                  code="service_unavailable") from None
+            raise
         if card.kind != kind:
             raise bad_request(f"The model `{model}` is a {KINDS.get(card.kind, card.kind)} model and cannot "
                               f"serve {KINDS[kind]} requests.", "model", "model_not_supported")
+        current().model = model
         return card, backend
 
 
 async def call(backend: Backend, method: str, request: Any, timeout: float) -> Any:
-    """A unary call whose failure becomes an OpenAI error."""
+    """A unary call whose failure becomes an OpenAI error; the usage it reports goes to the access log."""
     try:
-        return await getattr(backend.stub, method)(request, timeout=timeout)
+        response = await getattr(backend.stub, method)(request, timeout=timeout, metadata=request_metadata())
     except grpc.aio.AioRpcError as exc:
-        raise from_grpc(exc, backend.name) from None
+        raise from_grpc(exc, backend.name, backend.retry_after_s) from None
+    if "usage" in response.DESCRIPTOR.fields_by_name and response.HasField("usage"):
+        current().record_usage(response.usage)
+    return response
 
 
 def open_backends(settings: Settings) -> dict[str, Backend]:
@@ -140,9 +167,10 @@ def open_backends(settings: Settings) -> dict[str, Backend]:
          rerank_pb2_grpc.RerankServiceStub, ["Rerank", "ListModels"]),
     ]
     backends = {}
+    tls = client_tls(settings)
     for kind, name, target, service, stub_class, idempotent in specs:
-        channel = open_channel(target, service, idempotent)
-        backends[kind] = Backend(kind, name, channel, stub_class(channel))
+        channel = open_channel(target, service, idempotent, tls)
+        backends[kind] = Backend(kind, name, channel, stub_class(channel), settings.retry_after_s)
     return backends
 
 

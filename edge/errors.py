@@ -43,8 +43,9 @@ class OpenAIError(Exception):
     """An error response in OpenAI's shape."""
 
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 type_: str | None = None) -> None:
+                 type_: str | None = None, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
+        self.headers = headers
         self.status = status
         self.message = message
         self.param = param
@@ -55,7 +56,7 @@ class OpenAIError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
     def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status)
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> OpenAIError:
@@ -66,8 +67,9 @@ def model_not_found(model: str) -> OpenAIError:
     return OpenAIError(404, f"The model `{model}` does not exist.", "model", "model_not_found")
 
 
-def from_grpc(error: grpc.aio.AioRpcError, service: str) -> OpenAIError:
-    """The one place a service failure becomes an HTTP error."""
+def from_grpc(error: grpc.aio.AioRpcError, service: str, retry_after_s: int = 1) -> OpenAIError:
+    """The one place a service failure becomes an HTTP error; an overloaded service's 429 says when to
+    retry (Retry-After)."""
     code = error.code()
     status, type_, default_code = GRPC_TO_HTTP.get(code, _INTERNAL)
     pairs = cast("Iterable[tuple[str, str | bytes]]", error.trailing_metadata() or ())
@@ -78,7 +80,9 @@ def from_grpc(error: grpc.aio.AioRpcError, service: str) -> OpenAIError:
     if status == 500:
         log.error("%s service failed: %s %s", service, code.name, error.details())
         message = f"The {service} service failed ({code.name}); see its log."
-    return OpenAIError(status, message, metadata.get(PARAM_KEY), metadata.get(CODE_KEY, default_code), type_)
+    headers = {"Retry-After": str(retry_after_s)} if status == 429 else None
+    return OpenAIError(status, message, metadata.get(PARAM_KEY), metadata.get(CODE_KEY, default_code), type_,
+                       headers)
 
 
 def _param(loc: Sequence[int | str]) -> str | None:

@@ -8,24 +8,25 @@ cancels the Triton requests.
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 import orjson
 from fastapi import Request, Response
 
+from edge.cancel import until_disconnected
 from edge.clients import Backend
 from edge.errors import OpenAIError, from_grpc
+from edge.metrics import TokenTimer, current
 from edge.protocol.generation import Collected, Shape, usage_object
 from edge.sse import data_event, sse_response
 from tritongate.common.v1 import common_pb2
 from tritongate.llm.v1 import llm_pb2
+from tritongate.logs import request_metadata
 
-T = TypeVar("T")
 Call = Any  # grpc.aio.UnaryStreamCall[GenerateRequest, GenerateResponse]
 EOF: Any = grpc.aio.EOF  # type: ignore[attr-defined]  # (missing from grpc-stubs)
 
@@ -35,18 +36,19 @@ async def _next(call: Call, backend: Backend) -> llm_pb2.GenerateResponse | None
     try:
         message = await call.read()
     except grpc.aio.AioRpcError as exc:
-        raise from_grpc(exc, backend.name) from None
+        raise from_grpc(exc, backend.name, backend.retry_after_s) from None
     return None if message is EOF else message
 
 
 async def generate(request: Request, backend: Backend, proto: llm_pb2.GenerateRequest, shape: Shape, *,
                    stream: bool, include_usage: bool = False) -> Response:
     settings = request.app.state.settings
-    proto.request_id = f"{shape.prefix}-{uuid.uuid4().hex}"
-    head = {"id": proto.request_id, "object": shape.object, "created": int(time.time()), "model": proto.model}
-    call = backend.stub.Generate(proto, timeout=settings.request_timeout_s)
+    proto.request_id = current().request_id  # the X-Request-ID: Triton's request ids are "<it>-<choice>"
+    head = {"id": f"{shape.prefix}-{uuid.uuid4().hex}", "object": shape.object, "created": int(time.time()),
+            "model": proto.model}
+    call = backend.stub.Generate(proto, timeout=settings.request_timeout_s, metadata=request_metadata())
     try:
-        first = await _until_disconnected(request, _next(call, backend))
+        first = await until_disconnected(request, _next(call, backend))
     except BaseException:
         call.cancel()
         raise
@@ -57,18 +59,21 @@ async def generate(request: Request, backend: Backend, proto: llm_pb2.GenerateRe
         events = _chunks(call, backend, first.accepted, shape, head, include_usage)
         return sse_response(events, settings.sse_keepalive_s)
     try:
-        body = await _until_disconnected(request, _collect(call, backend, first.accepted, shape, head))
+        body = await until_disconnected(request, _collect(call, backend, first.accepted, shape, head))
     finally:
         call.cancel()
     return Response(orjson.dumps(body), media_type="application/json")
 
 
 async def _deltas(call: Call, backend: Backend, usage: common_pb2.Usage) -> AsyncIterator[llm_pb2.Delta]:
-    """The stream's deltas; the usage that closes it is copied into `usage`."""
+    """The stream's deltas; the usage that closes it is copied into `usage` (and the access log)."""
+    timer = TokenTimer(current().model)
     while (message := await _next(call, backend)) is not None:
         if message.WhichOneof("event") == "usage":
             usage.CopyFrom(message.usage)
+            current().record_usage(message.usage, completion=True)
         else:
+            timer.tick()
             yield message.delta
 
 
@@ -108,23 +113,3 @@ async def _collect(call: Call, backend: Backend, accepted: llm_pb2.Accepted, sha
         if delta.finish_reason:
             choice.finish_reason = delta.finish_reason
     return shape.response(head, choices, usage)
-
-
-async def _until_disconnected(request: Request, work: Awaitable[T]) -> T:
-    """`work`, cancelled if the client disconnects first (then a 499 nobody reads)."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_disconnected(request))
-    try:
-        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-        if not task.done():
-            task.cancel()
-    if not task.done() or task.cancelled():
-        raise OpenAIError(499, "The client closed the request.", code="cancelled")
-    return task.result()
-
-
-async def _disconnected(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass

@@ -1,9 +1,21 @@
-"""Prometheus metrics of the edge at GET /metrics: HTTP requests by route and status, their latency
-(to the last byte, so a stream counts whole) and the requests in progress."""
+"""The edge's per-request bookkeeping, in one outermost ASGI middleware: the request id (`X-Request-ID`,
+taken from the client when sane, else made up, and sent back), Prometheus metrics at GET /metrics, and
+one access-log line per request.
+
+Metrics: HTTP requests by route, model and status, their latency (to the last byte, so a stream counts
+whole), requests in progress; for generation, time to first token, time between streamed deltas, and
+tokens in and out by model.
+
+What the handlers learn on the way (the model, once routed; the usage a service reports) goes on the
+request's `Exchange`, which `current()` returns anywhere in the request's tasks.
+"""
 
 from __future__ import annotations
 
+import logging
 import time
+from contextvars import ContextVar
+from dataclasses import dataclass
 
 from fastapi import FastAPI
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
@@ -11,18 +23,78 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-REQUESTS = Counter("http_requests_total", "HTTP requests answered, by route template and status.",
-                   ("method", "route", "status"))
+from tritongate.common.v1 import common_pb2
+from tritongate.logs import REQUEST_ID, REQUEST_ID_HEADER, bind_request_id, new_request_id, sane_request_id
+
+_SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+REQUESTS = Counter("http_requests_total", "HTTP requests answered, by route template, model and status.",
+                   ("method", "route", "model", "status"))
 LATENCY = Histogram("http_request_duration_seconds", "Time from a request to the last byte of its response.",
-                    ("method", "route"),
-                    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600))
+                    ("method", "route", "model"), buckets=_SECONDS)
 IN_PROGRESS = Gauge("http_requests_in_progress", "HTTP requests being answered now.", ("method",))
+TTFT = Histogram("tritongate_time_to_first_token_seconds",
+                 "Time from a generation request's arrival to its first generated text.", ("model",),
+                 buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 10, 30, 60))
+INTER_TOKEN = Histogram("tritongate_inter_token_latency_seconds",
+                        "Time between consecutive deltas of a generation (a delta may hold several tokens).",
+                        ("model",), buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5))
+TOKENS = Counter("tritongate_tokens_total", "Tokens processed, by model and kind (prompt or completion).",
+                 ("model", "kind"))
 
 UNMATCHED = "unmatched"  # any path no route serves: one label value, however many paths clients try
+QUIET_ROUTES = frozenset({"/health", "/metrics"})  # probes and scrapes: access-logged at DEBUG only
+access_log = logging.getLogger("tritongate.access")
+
+
+@dataclass(slots=True)
+class Exchange:
+    """What the edge learns about one request while serving it."""
+
+    request_id: str
+    start: float
+    model: str = ""  # set once the request is routed, so label values are only configured models
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+    def record_usage(self, usage: common_pb2.Usage, completion: bool = False) -> None:
+        self.prompt_tokens = usage.prompt_tokens
+        if completion:
+            self.completion_tokens = usage.completion_tokens
+
+
+EXCHANGE: ContextVar[Exchange | None] = ContextVar("exchange", default=None)
+
+
+def current() -> Exchange:
+    """The request being served (a detached one outside the middleware, e.g. in tests of a router)."""
+    return EXCHANGE.get() or Exchange(REQUEST_ID.get(), time.perf_counter())
+
+
+class TokenTimer:
+    """Time to first delta (from the request's arrival) and between deltas, of one generation."""
+
+    __slots__ = ("first", "last", "model")
+
+    def __init__(self, model: str) -> None:
+        self.model = model
+        self.last = current().start
+        self.first = True
+
+    def tick(self) -> None:
+        now = time.perf_counter()
+        (TTFT if self.first else INTER_TOKEN).labels(self.model).observe(now - self.last)
+        self.first, self.last = False, now
+
+
+def _request_id(scope: Scope) -> str:
+    for key, value in scope["headers"]:
+        if key == b"x-request-id":
+            return sane_request_id(value.decode("latin-1")) or new_request_id()
+    return new_request_id()
 
 
 class HttpMetrics:
-    """Outermost ASGI middleware, so that every answer counts, 413s and 404s included."""
+    """Outermost ASGI middleware, so that every answer counts, 401s, 413s and 404s included."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -31,24 +103,57 @@ class HttpMetrics:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        exchange = Exchange(_request_id(scope), time.perf_counter())
+        # Each request runs in its own task: no reset, so the server's own error log carries the id too.
+        bind_request_id(exchange.request_id)
+        EXCHANGE.set(exchange)
+        header = (REQUEST_ID_HEADER.encode(), exchange.request_id.encode())
         status = 500  # what the server answers if the app fails before starting a response
 
         async def send_and_record(message: Message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
+                message = {**message, "headers": [*message.get("headers", ()), header]}
             await send(message)
 
         method = scope["method"]
-        start = time.perf_counter()
         IN_PROGRESS.labels(method).inc()
         try:
             await self.app(scope, receive, send_and_record)
         finally:
             IN_PROGRESS.labels(method).dec()
-            route = getattr(scope.get("route"), "path", UNMATCHED)  # the router sets the matched route
-            REQUESTS.labels(method, route, str(status)).inc()
-            LATENCY.labels(method, route).observe(time.perf_counter() - start)
+            _finish(scope, exchange, status)
+
+
+def _finish(scope: Scope, exchange: Exchange, status: int) -> None:
+    """Count the request and write its access-log line."""
+    method, model = scope["method"], exchange.model
+    route = getattr(scope.get("route"), "path", UNMATCHED)  # the router sets the matched route
+    seconds = time.perf_counter() - exchange.start
+    REQUESTS.labels(method, route, model, str(status)).inc()
+    LATENCY.labels(method, route, model).observe(seconds)
+    if exchange.prompt_tokens:
+        TOKENS.labels(model, "prompt").inc(exchange.prompt_tokens)
+    if exchange.completion_tokens:
+        TOKENS.labels(model, "completion").inc(exchange.completion_tokens)
+    level = logging.DEBUG if route in QUIET_ROUTES else logging.INFO
+    if not access_log.isEnabledFor(level):
+        return
+    client = scope.get("client")
+    fields = {"method": method, "path": scope["path"], "route": route, "status": status, "model": model,
+              "duration_ms": round(seconds * 1000, 1), "prompt_tokens": exchange.prompt_tokens,
+              "completion_tokens": exchange.completion_tokens,
+              "client": f"{client[0]}:{client[1]}" if client else None}
+    # The path without its query string, and no headers: nothing secret reaches the log.
+    access_log.log(level, "%s %s %d model=%s %.1fms prompt_tokens=%s completion_tokens=%s client=%s",
+                   method, scope["path"], status, model or "-", fields["duration_ms"],
+                   _or_dash(exchange.prompt_tokens), _or_dash(exchange.completion_tokens), fields["client"] or "-",
+                   extra=fields)
+
+
+def _or_dash(value: int | None) -> str:
+    return "-" if value is None else str(value)
 
 
 async def metrics(request: Request) -> Response:
@@ -56,6 +161,6 @@ async def metrics(request: Request) -> Response:
 
 
 def install_metrics(app: FastAPI) -> None:
-    """Count every request and serve GET /metrics; call after the app's other middleware."""
+    """Count and log every request and serve GET /metrics; call after the app's other middleware."""
     app.add_route("/metrics", metrics, methods=["GET"], include_in_schema=False)
     app.add_middleware(HttpMetrics)

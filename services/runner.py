@@ -11,6 +11,7 @@ from services.common.tokenizer import keep_torch_out
 from services.common.triton import Triton
 from tritongate.config import ConfigError, ModelConfig, load_model_config
 from tritongate.settings import Settings
+from tritongate.tls import server_credentials
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +30,7 @@ async def run_service(name: str, settings: Settings) -> None:
     if not getattr(config, SECTIONS[name]):
         raise ConfigError(f"{settings.config_file}: the `{SECTIONS[name]}` section is empty; "
                           f"nothing for the {name} service to serve")
+    credentials = server_credentials(settings)  # before anything starts: a bad path fails fast
     triton = Triton(settings.triton_timeout_s)
     spec = build_service(name, config, triton)
     if settings.metrics_port:
@@ -41,5 +43,7 @@ async def run_service(name: str, settings: Settings) -> None:
         max_connection_age_ms=settings.max_connection_age_ms,
         # An aged connection keeps its streams until they end; none outlasts the edge's request deadline.
         grace_s=max(settings.shutdown_grace_s, settings.request_timeout_s),
+        credentials=credentials,
+        max_in_flight=settings.max_in_flight,
     )
     await run_until_signalled(service, settings.shutdown_grace_s)

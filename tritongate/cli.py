@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from tritongate.config import ConfigError
-from tritongate.settings import Settings, configure_logging
+from tritongate.logs import configure_logging
+from tritongate.settings import Settings
 
 log = logging.getLogger("tritongate")
 
@@ -28,11 +29,22 @@ UVICORN_LEVELS = ["critical", "error", "warning", "info", "debug", "trace"]
 
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--verbose", action="store_true", help="log more (DEBUG); LOG_LEVEL sets the level too")
+    parser.add_argument("--log-json", action="store_true", help="log one JSON object per line "
+                        "($TRITONGATE_LOG_JSON)")
 
 
 def _config_file(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config-file", type=Path, help="model configuration JSON (the seed's model_config.json "
                         "format); default: $TRITONGATE_CONFIG_FILE or the demo config")
+
+
+def _api_keys(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--api-key", action="append", metavar="KEY",
+                        help="require `Authorization: Bearer KEY` on the API (repeatable; default "
+                        "$TRITONGATE_API_KEY, several separated by commas); keys in a file or the "
+                        "environment stay out of `ps`")
+    parser.add_argument("--api-key-file", type=Path, metavar="PATH",
+                        help="accepted API keys, one a line, # comments (default $TRITONGATE_API_KEY_FILE)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--uvicorn-log-level", choices=UVICORN_LEVELS)
     up.add_argument("--no-fetch", action="store_true", help="do not download missing demo models")
     _config_file(up)
+    _api_keys(up)
     _common(up)
 
     edge = commands.add_parser("edge", help="run the OpenAI-compatible HTTP edge")
@@ -56,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
         edge.add_argument(f"--{name}", metavar="TARGET", help=f"gRPC target of the {name} service, e.g. "
                           f"dns:///{name}:5005x or ipv4:127.0.0.1:p1,127.0.0.2:p2")
     _config_file(edge)  # accepted for the seed's command line; the edge needs only service addresses
+    _api_keys(edge)
     _common(edge)
 
     for name in SERVICES:
@@ -64,6 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
         service.add_argument("--port", type=int, help=f"listen port (default ${'TRITONGATE_' + name.upper()}_PORT)")
         service.add_argument("--metrics-port", type=int, help="serve Prometheus metrics over HTTP on this port "
                              "(default $TRITONGATE_METRICS_PORT; 0 = off)")
+        service.add_argument("--max-in-flight", type=int, help="inference requests worked on at once; more are "
+                             "refused with 429 (default 256; $TRITONGATE_MAX_IN_FLIGHT)")
         _config_file(service)
         _common(service)
 
@@ -97,6 +113,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
         overrides["config_file"] = args.config_file
     if getattr(args, "verbose", False):
         overrides["verbose"] = True
+    if getattr(args, "log_json", False):
+        overrides["log_json"] = True
     if getattr(args, "uvicorn_log_level", None):
         overrides["uvicorn_log_level"] = args.uvicorn_log_level
     if command in ("up", "edge"):
@@ -104,6 +122,10 @@ def settings_from(args: argparse.Namespace) -> Settings:
             overrides["edge_host"] = args.host
         if args.port is not None:
             overrides["edge_port"] = args.port
+        if args.api_key:
+            overrides["api_key"] = ",".join(args.api_key)
+        if args.api_key_file:
+            overrides["api_key_file"] = args.api_key_file
     if command == "edge":
         for name in SERVICES:
             if getattr(args, name):
@@ -115,6 +137,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
             overrides[f"{command}_port"] = args.port
         if args.metrics_port is not None:
             overrides["metrics_port"] = args.metrics_port
+        if args.max_in_flight is not None:
+            overrides["max_in_flight"] = args.max_in_flight
     if command == "triton":
         for key in ("http_port", "grpc_port", "metrics_port"):
             if getattr(args, key) is not None:
@@ -139,8 +163,15 @@ def _run_edge(settings: Settings) -> None:
 
     # uvicorn drains on SIGTERM, then raises it again: exit 0 then (a clean stop), as the services do.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    uvicorn.run(create_app(settings), host=settings.edge_host, port=settings.edge_port,
-                log_level=settings.uvicorn_log_level, timeout_graceful_shutdown=int(settings.shutdown_grace_s))
+    # uvicorn's loggers go through ours (request ids, JSON); the edge writes its own access log.
+    app = create_app(settings)
+    if settings.otel:
+        from tritongate.tracing import instrument_app
+
+        instrument_app(app)
+    uvicorn.run(app, host=settings.edge_host, port=settings.edge_port,
+                log_level=settings.uvicorn_log_level, timeout_graceful_shutdown=int(settings.shutdown_grace_s),
+                log_config=None, access_log=False)
 
 
 def _run_triton(settings: Settings) -> None:
@@ -162,7 +193,12 @@ def _health(args: argparse.Namespace, settings: Settings) -> None:
     from tritongate.healthcheck import probe, resolve
 
     target = resolve(args.target, settings)
-    healthy, seen = probe(target, args.timeout)
+    if target.startswith(("http://", "https://")):
+        healthy, seen = probe(target, args.timeout)
+    else:
+        from tritongate.tls import client_tls
+
+        healthy, seen = probe(target, args.timeout, client_tls(settings))
     print(f"{target}: {seen}")
     sys.exit(0 if healthy else 1)
 
@@ -179,7 +215,14 @@ def main(argv: list[str] | None = None) -> None:
         settings = settings_from(args)
     except Exception as exc:  # pydantic-settings: a bad TRITONGATE_* value
         sys.exit(f"tritongate: invalid setting: {exc}")
-    configure_logging(settings.verbose)
+    configure_logging(settings.verbose, settings.log_json)
+    if settings.otel and args.command in ("edge", *SERVICES):
+        from tritongate.tracing import TracingUnavailable, setup_tracing
+
+        try:
+            setup_tracing(args.command)
+        except TracingUnavailable as exc:
+            sys.exit(f"tritongate {args.command}: error: {exc}")
     runners: dict[str, Callable[[], None]] = {
         "up": lambda: _up(args, settings),
         "edge": lambda: _run_edge(settings),

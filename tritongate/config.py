@@ -94,8 +94,12 @@ class LlmModel(TritonModelEntry):
         description="Constant scalar inputs added to every Triton request (e.g. FT's `len_penalty`), by "
         "tensor name; the data type comes from the Triton model's configuration",
     )
+    max_n: Annotated[int, Field(gt=0, le=128)] = Field(16, description="Largest `n` (completions per prompt)")
     max_choices: Annotated[int, Field(gt=0)] = Field(
-        64, description="Most completions one request may ask for: prompts times `n` (each `n` is at most 16)"
+        64, description="Most completions one request may ask for: prompts times `n`"
+    )
+    max_completion_tokens: Annotated[int, Field(gt=0)] | None = Field(
+        None, description="Most tokens one completion may generate (`max_tokens`); default: the rest of the context"
     )
 
 

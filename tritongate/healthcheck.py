@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import urllib.error
 import urllib.request
+from typing import TYPE_CHECKING
 
 from tritongate.settings import Settings
+
+if TYPE_CHECKING:  # grpc is imported only for gRPC probes
+    from tritongate.tls import ClientTls
 
 SERVICES = ("llm", "embed", "rerank")
 _WILDCARDS = ("", "0.0.0.0", "::", "[::]")
@@ -25,8 +29,8 @@ def resolve(target: str, settings: Settings) -> str:
     return target
 
 
-def probe(target: str, timeout: float) -> tuple[bool, str]:
-    """(healthy, what was seen) for a gRPC address or an http(s) URL."""
+def probe(target: str, timeout: float, tls: ClientTls | None = None) -> tuple[bool, str]:
+    """(healthy, what was seen) for a gRPC address (over TLS when `tls` is given) or an http(s) URL."""
     if target.startswith(("http://", "https://")):
         try:
             with urllib.request.urlopen(target, timeout=timeout) as response:
@@ -39,7 +43,9 @@ def probe(target: str, timeout: float) -> tuple[bool, str]:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    with grpc.insecure_channel(target) as channel:
+    from tritongate.tls import sync_channel
+
+    with sync_channel(target, tls) as channel:
         try:
             response = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout)
         except grpc.RpcError as exc:

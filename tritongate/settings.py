@@ -5,12 +5,11 @@ One place for every knob a process reads; docs/configuration.md lists them.
 
 from __future__ import annotations
 
-import logging
 import os
 from functools import cache
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -47,7 +46,17 @@ class Settings(BaseSettings):
     max_embedding_inputs: int = 2048
     max_rerank_documents: int = 1000
     sse_keepalive_s: float = 15.0
+    # Seconds a client is told to wait (Retry-After) when a service refuses a request for overload.
+    retry_after_s: int = Field(1, ge=0)
     uvicorn_log_level: str = "info"
+    # Bearer keys the edge accepts (several separated by commas) and/or a file of keys, one a line;
+    # none set = no authentication. SecretStr keeps them out of reprs and logs.
+    api_key: SecretStr | None = None
+    api_key_file: Path | None = None
+    metrics_require_key: bool = False
+    # TLS on the edge → service channels: the CA (and, for IP targets, the name in the services' certificate).
+    grpc_tls_ca: Path | None = None
+    grpc_tls_server_name: str | None = None
 
     # Services.
     service_host: str = "127.0.0.1"
@@ -58,8 +67,13 @@ class Settings(BaseSettings):
     max_connection_age_ms: int = 30_000
     shutdown_grace_s: float = 30.0
     triton_timeout_s: float = 60.0
+    # Inference RPCs one service process works on at once; more are refused (RESOURCE_EXHAUSTED → 429).
+    max_in_flight: int = Field(256, gt=0)
     # Prometheus metrics of a service over HTTP on service_host:metrics_port; 0 = off.
     metrics_port: int = 0
+    # TLS on a service's gRPC port: its certificate chain and private key (PEM); both or neither.
+    grpc_tls_cert: Path | None = None
+    grpc_tls_key: Path | None = None
 
     # Local Triton (`tritongate triton`).
     triton_http_port: int = 8000
@@ -69,17 +83,11 @@ class Settings(BaseSettings):
     triton_start_timeout_s: float = 600.0
 
     verbose: bool = False
+    log_json: bool = False  # one JSON object per log line
+    # OpenTelemetry tracing (the `otel` extra); the exporter follows the standard OTEL_* variables.
+    otel: bool = False
 
 
 @cache
 def get_settings() -> Settings:
     return Settings()
-
-
-def configure_logging(verbose: bool = False) -> None:
-    """Log level from the seed's LOG_LEVEL variable (default INFO); --verbose means DEBUG."""
-    level = "DEBUG" if verbose else os.environ.get("LOG_LEVEL", "INFO").upper()
-    logging.basicConfig(
-        level=level if level in logging.getLevelNamesMapping() else "INFO",
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )

@@ -22,6 +22,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tritongate.config import ModelConfig, load_model_config
 from tritongate.settings import Settings
+from tritongate.tls import ClientTls, client_tls, server_credentials, sync_channel
 from tritongate.triton_local import TritonError, TritonProcess, start_triton
 
 SERVICE_SECTIONS = {"llm": "llm", "embed": "embedding", "rerank": "rerank"}
@@ -31,9 +32,9 @@ def say(message: str) -> None:
     print(f"[tritongate] {message}", flush=True)
 
 
-def grpc_serving(address: str) -> bool:
+def grpc_serving(address: str, tls: ClientTls | None = None) -> bool:
     """True when the gRPC health service at `address` answers SERVING."""
-    with grpc.insecure_channel(address) as channel:
+    with sync_channel(address, tls) as channel:
         try:
             response = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=1)
         except grpc.RpcError:
@@ -58,6 +59,7 @@ class LocalStack:
     log_dir: Path | None = None  # None: children write to this terminal
     extra_repositories: list[Path] = field(default_factory=list)
     extra_env: dict[str, str] = field(default_factory=dict)
+    metrics_ports: dict[str, int] = field(default_factory=dict)  # per service; else settings.metrics_port
     children: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
     own_triton: bool = False
 
@@ -77,7 +79,15 @@ class LocalStack:
             "TRITONGATE_SERVICE_HOST": s.service_host, "TRITONGATE_MAX_BODY_BYTES": s.max_body_bytes,
             **{f"TRITONGATE_{name.upper()}_PORT": getattr(s, f"{name}_port") for name in SERVICE_SECTIONS},
             **{f"TRITONGATE_{name.upper()}_TARGET": self.service_address(name) for name in SERVICE_SECTIONS},
+            "TRITONGATE_METRICS_REQUIRE_KEY": str(s.metrics_require_key).lower(),
         }
+        optional = {  # only when set, so that an unset one does not become the string "None"
+            "TRITONGATE_API_KEY": s.api_key.get_secret_value() if s.api_key else None,
+            "TRITONGATE_API_KEY_FILE": s.api_key_file, "TRITONGATE_GRPC_TLS_CERT": s.grpc_tls_cert,
+            "TRITONGATE_GRPC_TLS_KEY": s.grpc_tls_key, "TRITONGATE_GRPC_TLS_CA": s.grpc_tls_ca,
+            "TRITONGATE_GRPC_TLS_SERVER_NAME": s.grpc_tls_server_name,
+        }
+        values.update({key: value for key, value in optional.items() if value is not None})
         return dict(os.environ, **{k: str(v) for k, v in values.items()}, **self.extra_env)
 
     def spawn(self, name: str, *args: str) -> subprocess.Popen[bytes]:
@@ -116,6 +126,11 @@ class LocalStack:
         """Start everything and wait until the services are SERVING and the edge answers."""
         s = self.settings
         config = load_model_config(s.config_file)
+        from edge.auth import load_api_keys
+
+        load_api_keys(s)  # unreadable key or TLS files stop here, before anything starts
+        server_credentials(s)
+        tls = client_tls(s)
         if self.triton is None:
             self.own_triton = True
             self.triton = start_triton(
@@ -127,10 +142,11 @@ class LocalStack:
             self.triton.wait_ready(s.triton_start_timeout_s, cancelled)
         names = [name for name, section in SERVICE_SECTIONS.items() if getattr(config, section)]
         for name in names:
-            self.spawn(name, *flags)
+            port = self.metrics_ports.get(name)
+            self.spawn(name, *flags, *(("--metrics-port", str(port)) if port else ()))
         self.spawn("edge", "--uvicorn-log-level", s.uvicorn_log_level, *flags)
         for name in names:
-            self.wait(f"the {name} service", lambda name=name: grpc_serving(self.service_address(name)),  # type: ignore[misc]
+            self.wait(f"the {name} service", lambda name=name: grpc_serving(self.service_address(name), tls),  # type: ignore[misc]
                       s.triton_start_timeout_s, cancelled)
         self.wait("the edge", lambda: http_ok(f"{self.edge_url}/health"), 120, cancelled)
 
@@ -169,9 +185,12 @@ def run_stack(settings: Settings, fetch: bool = True) -> int:
     signal.signal(signal.SIGINT, request_stop)
     try:
         say("starting Triton and the services (the first start loads the demo models: about a minute)")
-        stack.start(lambda: stopping, ("--verbose",) if settings.verbose else ())
+        flags = [flag for flag, on in (("--verbose", settings.verbose), ("--log-json", settings.log_json)) if on]
+        stack.start(lambda: stopping, tuple(flags))
         if not stopping:
-            _announce(stack.edge_url, config)
+            from edge.auth import load_api_keys
+
+            _announce(stack.edge_url, config, keyed=bool(load_api_keys(settings)))
         while not stopping:
             failure = stack.failed_child()
             if failure:
@@ -183,8 +202,10 @@ def run_stack(settings: Settings, fetch: bool = True) -> int:
         stack.stop()
 
 
-def _announce(url: str, config: ModelConfig) -> None:
+def _announce(url: str, config: ModelConfig, keyed: bool = False) -> None:
     say(f"ready: OpenAI API at {url}/v1 (docs: {url}/docs); Ctrl-C stops everything")
+    if keyed:
+        say("API keys are set: add -H 'Authorization: Bearer <key>' to the requests below")
     examples = [f"  curl {url}/v1/models"]
     if config.llm:
         question = '[{"role": "user", "content": "What is the capital of France?"}]'

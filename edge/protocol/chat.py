@@ -5,21 +5,25 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import Field, ValidationInfo, WithJsonSchema, field_validator
 
 from edge.errors import bad_request
-from edge.protocol.common import OpenAIRequest
+from edge.protocol.common import UINT32_MAX, OpenAIRequest
 from edge.protocol.generation import Collected, GenerationRequest, usage_object
 from tritongate.common.v1 import common_pb2
 from tritongate.llm.v1 import llm_pb2
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 NOT_YET = ("tool", "function")
+# What the validators below accept, as /openapi.json declares it.
+TEXT_PART = {"type": "object", "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
+             "required": ["type", "text"]}
+Content = Annotated[Any, WithJsonSchema({"anyOf": [{"type": "string"}, {"type": "array", "items": TEXT_PART}]})]
 
 
 class ChatMessage(OpenAIRequest):
-    role: str
-    content: Any = Field(...)
+    role: Annotated[str, WithJsonSchema({"type": "string", "enum": list(ROLES)})]
+    content: Content = Field(...)
     name: str | None = None
 
     @field_validator("role")
@@ -57,13 +61,15 @@ class ChatCompletionRequest(GenerationRequest):
     """The chat fields (the shared ones are in GenerationRequest)."""
 
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
-    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_completion_tokens: Annotated[int, Field(ge=1, le=UINT32_MAX)] | None = None
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
-    response_format: dict[str, Any] | None = None
+    response_format: Annotated[dict[str, Any] | None, WithJsonSchema({"anyOf": [
+        {"type": "object", "properties": {"type": {"const": "text"}}}, {"type": "null"}]})] = None
     logprobs: bool | None = False
-    max_tokens: Annotated[int, Field(ge=1)] | None = None
-    tools: list[Any] | None = None
-    tool_choice: Any = None
+    max_tokens: Annotated[int, Field(ge=1, le=UINT32_MAX)] | None = None
+    tools: Annotated[list[Any] | None, WithJsonSchema({"anyOf": [{"type": "array", "maxItems": 0},
+                                                                  {"type": "null"}]})] = None  # not yet
+    tool_choice: Annotated[Any, WithJsonSchema({"enum": ["none", "auto", None]})] = None
 
     def check(self) -> None:
         super().check()

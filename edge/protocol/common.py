@@ -15,7 +15,16 @@ def is_token_ids(value: object) -> bool:
     return isinstance(value, list) and all(type(t) is int for t in value)
 
 
+UINT32_MAX = 2**32 - 1  # the services' counts are uint32: a larger value is refused here, not crashed on
 BATCH_SHAPES = "a string, an array of strings, an array of token ids, or an array of token-id arrays"
+
+
+def batch_schema(empty_strings: bool) -> dict[str, Any]:
+    """What `text_or_token_batch` accepts, as the JSON schema /openapi.json declares."""
+    text = {"type": "string"} if empty_strings else {"type": "string", "minLength": 1}
+    ids = {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0, "maximum": UINT32_MAX}}
+    return {"anyOf": [text, {"type": "array", "minItems": 1, "items": text}, ids,
+                      {"type": "array", "minItems": 1, "items": ids}]}
 
 
 def text_or_token_batch(value: Any, param: str, empty_strings: bool) -> list[str] | list[list[int]]:

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, WithJsonSchema, field_validator
 
 from edge.errors import bad_request
-from edge.protocol.common import text_or_token_batch
+from edge.protocol.common import UINT32_MAX, batch_schema, text_or_token_batch
 from edge.protocol.generation import Collected, GenerationRequest, usage_object
 from tritongate.common.v1 import common_pb2
 from tritongate.llm.v1 import llm_pb2
@@ -17,11 +17,11 @@ from tritongate.llm.v1 import llm_pb2
 class CompletionRequest(GenerationRequest):
     """The completions fields (the shared ones are in GenerationRequest)."""
 
-    prompt: Any = Field(...)
+    prompt: Annotated[Any, WithJsonSchema(batch_schema(empty_strings=True))] = Field(...)
     best_of: Annotated[int, Field(ge=0, le=20)] | None = None
     echo: bool | None = False
     logprobs: Annotated[int, Field(ge=0, le=5)] | None = None
-    max_tokens: Annotated[int, Field(ge=0)] | None = None
+    max_tokens: Annotated[int, Field(ge=0, le=UINT32_MAX)] | None = None
     suffix: str | None = None
 
     @field_validator("prompt")

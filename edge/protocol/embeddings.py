@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, WithJsonSchema, field_validator
 
-from edge.protocol.common import OpenAIRequest, text_or_token_batch
+from edge.protocol.common import UINT32_MAX, OpenAIRequest, batch_schema, text_or_token_batch
 
 
 class EmbeddingRequest(OpenAIRequest):
-    input: Any
+    input: Annotated[Any, WithJsonSchema(batch_schema(empty_strings=False))]
     model: str
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: Annotated[int, Field(ge=1)] | None = None
+    dimensions: Annotated[int, Field(ge=1, le=UINT32_MAX)] | None = None
     user: str | None = None
 
     @field_validator("input")

@@ -5,23 +5,31 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Protocol
 
-from pydantic import Field, field_validator
+from pydantic import Field, WithJsonSchema, field_validator
 
 from edge.errors import bad_request
-from edge.protocol.common import OpenAIRequest
+from edge.protocol.common import UINT32_MAX, OpenAIRequest
 from tritongate.common.v1 import common_pb2
 from tritongate.llm.v1 import llm_pb2
 
 MAX_STOPS = 4
-MAX_N = 16
+# OpenAI's own bound; each model's (`max_n` in the model configuration, default 16) is checked by the llm service.
+MAX_N = 128
 
 Temperature = Annotated[float, Field(ge=0, le=2)]
 TopP = Annotated[float, Field(ge=0, le=1)]
 Penalty = Annotated[float, Field(ge=-2, le=2)]
 N = Annotated[int, Field(ge=1, le=MAX_N)]
 Seed = Annotated[int, Field(ge=-(2**63), lt=2**64)]
-TopK = Annotated[int, Field(ge=-1)]  # -1 (vLLM) and 0 both mean no limit
+TopK = Annotated[int, Field(ge=-1, le=UINT32_MAX)]  # -1 (vLLM) and 0 both mean no limit
 RepetitionPenalty = Annotated[float, Field(gt=0)]
+# What the validators below accept, as /openapi.json declares it.
+_STOP = {"type": "string", "minLength": 1}
+Stop = Annotated[Any, WithJsonSchema({"anyOf": [_STOP, {"type": "array", "maxItems": MAX_STOPS, "items": _STOP},
+                                                {"type": "null"}]})]
+LogitBias = Annotated[dict[int, float] | None, WithJsonSchema({"anyOf": [
+    {"type": "object", "propertyNames": {"pattern": "^[0-9]{1,9}$"},
+     "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}}, {"type": "null"}]})]
 
 
 class StreamOptions(OpenAIRequest):
@@ -60,11 +68,11 @@ class GenerationRequest(OpenAIRequest):
 
     model: str
     frequency_penalty: Penalty | None = None
-    logit_bias: dict[int, float] | None = None
+    logit_bias: LogitBias = None
     n: N | None = None
     presence_penalty: Penalty | None = None
     seed: Seed | None = None
-    stop: Any = None
+    stop: Stop = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     temperature: Temperature | None = None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, WithJsonSchema, field_validator
 
 from edge.protocol.common import OpenAIRequest
 
@@ -17,13 +17,19 @@ def _text(value: Any, i: int) -> str:
     raise ValueError(f"documents[{i}] must be a string or an object with a string `text`")
 
 
+# What the validators accept, as /openapi.json declares it.
+DOCUMENTS = {"type": "array", "minItems": 1, "items": {"anyOf": [
+    {"type": "string"}, {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}]}}
+TOP_N = {"anyOf": [{"type": "integer", "minimum": 1}, {"type": "null"}]}  # numeric strings pass too (the seed's)
+
+
 class RerankRequest(OpenAIRequest):
     """The seed's request; `documents` may also be Cohere/Jina objects with `text`."""
 
     model: str
     query: Annotated[str, Field(min_length=1)]
-    documents: list[Any]
-    top_n: int | None = None
+    documents: Annotated[list[Any], WithJsonSchema(DOCUMENTS)]
+    top_n: Annotated[int | None, WithJsonSchema(TOP_N)] = None
     return_documents: bool = False
 
     @field_validator("documents")

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request, Response
+from fastapi import Request, Response
 
 from edge.generate import generate
 from edge.protocol.chat import ChatCompletionRequest, ChatShape
+from edge.routing import STREAM_RESPONSE, api_router
 from tritongate.llm.v1 import llm_pb2
 
-router = APIRouter()
+router = api_router()
 
 
 def to_proto(body: ChatCompletionRequest) -> llm_pb2.GenerateRequest:
@@ -17,7 +18,7 @@ def to_proto(body: ChatCompletionRequest) -> llm_pb2.GenerateRequest:
                       logprobs=bool(body.logprobs), top_logprobs=body.top_logprobs or 0)
 
 
-@router.post("/v1/chat/completions", tags=["chat"])
+@router.post("/v1/chat/completions", tags=["chat"], responses=STREAM_RESPONSE)
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
     body.check()
     _, backend = await request.app.state.directory.route(body.model, "llm")

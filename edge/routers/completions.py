@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request, Response
+from fastapi import Request, Response
 
 from edge.generate import generate
 from edge.protocol.completions import CompletionRequest, CompletionShape
+from edge.routing import STREAM_RESPONSE, api_router
 from tritongate.common.v1 import common_pb2
 from tritongate.llm.v1 import llm_pb2
 
-router = APIRouter()
+router = api_router()
 
 
 def to_proto(body: CompletionRequest) -> llm_pb2.GenerateRequest:
@@ -19,7 +20,7 @@ def to_proto(body: CompletionRequest) -> llm_pb2.GenerateRequest:
                       logprobs=body.logprobs is not None, top_logprobs=body.logprobs or 0)
 
 
-@router.post("/v1/completions", tags=["completions"])
+@router.post("/v1/completions", tags=["completions"], responses=STREAM_RESPONSE)
 async def create_completion(body: CompletionRequest, request: Request) -> Response:
     body.check()
     _, backend = await request.app.state.directory.route(body.model, "llm")

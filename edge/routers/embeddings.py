@@ -6,15 +6,17 @@ import base64
 
 import numpy as np
 import orjson
-from fastapi import APIRouter, Request, Response
+from fastapi import Request, Response
 
+from edge.cancel import until_disconnected
 from edge.clients import call
 from edge.errors import bad_request
 from edge.protocol.embeddings import EmbeddingRequest
+from edge.routing import api_router
 from tritongate.common.v1 import common_pb2
 from tritongate.embed.v1 import embed_pb2
 
-router = APIRouter()
+router = api_router()
 
 
 def to_proto(body: EmbeddingRequest) -> embed_pb2.EmbedRequest:
@@ -52,5 +54,5 @@ async def create_embeddings(body: EmbeddingRequest, request: Request) -> Respons
     if body.dimensions and card.dimensions and body.dimensions > card.dimensions:
         raise bad_request(f"'dimensions' is {body.dimensions}, but `{body.model}` has {card.dimensions}.",
                           "dimensions")
-    response = await call(backend, "Embed", to_proto(body), state.settings.unary_timeout_s)
+    response = await until_disconnected(request, call(backend, "Embed", to_proto(body), state.settings.unary_timeout_s))
     return Response(to_json(response, body.encoding_format), media_type="application/json")

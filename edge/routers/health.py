@@ -6,10 +6,12 @@ import asyncio
 from typing import Any
 
 import grpc
-from fastapi import APIRouter, Request
+from fastapi import Request
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-router = APIRouter()
+from edge.routing import api_router
+
+router = api_router()
 
 
 async def _service_status(channel: grpc.aio.Channel) -> str:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import Request
 
 from edge.errors import model_not_found
+from edge.routing import api_router
 from tritongate.common.v1 import common_pb2
 
-router = APIRouter()
+router = api_router()
 
 
 def model_object(card: common_pb2.ModelCard) -> dict[str, Any]:

@@ -4,18 +4,22 @@ a body with `texts` at /rerank is TEI's API and gets TEI's answer."""
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
+from fastapi import Request
 from fastapi.exceptions import RequestValidationError
-from pydantic import ValidationError
+from pydantic import ValidationError, WithJsonSchema
 
+from edge.cancel import until_disconnected
 from edge.clients import call
 from edge.errors import bad_request
 from edge.protocol.rerank import RerankRequest, TEIRerankRequest
+from edge.routing import api_router
 from tritongate.rerank.v1 import rerank_pb2
 
-router = APIRouter(tags=["rerank"])
+router = api_router(tags=["rerank"])
+# /rerank takes either body; /openapi.json declares both.
+EITHER_SCHEMA = {"anyOf": [RerankRequest.model_json_schema(), TEIRerankRequest.model_json_schema()]}
 
 
 async def _rerank(request: Request, model: Any, proto: rerank_pb2.RerankRequest) -> rerank_pb2.RerankResponse:
@@ -26,7 +30,7 @@ async def _rerank(request: Request, model: Any, proto: rerank_pb2.RerankRequest)
                           "documents")
     _, backend = await state.directory.route(model, "rerank")
     proto.model = model
-    return await call(backend, "Rerank", proto, state.settings.unary_timeout_s)
+    return await until_disconnected(request, call(backend, "Rerank", proto, state.settings.unary_timeout_s))
 
 
 def _parse(model_class: type[Any], body: Any) -> Any:
@@ -38,7 +42,8 @@ def _parse(model_class: type[Any], body: Any) -> Any:
 
 
 async def seed_rerank(body: RerankRequest, request: Request) -> dict[str, Any]:
-    proto = rerank_pb2.RerankRequest(query=body.query, documents=body.documents, top_n=body.top_n or 0)
+    top_n = min(body.top_n or 0, len(body.documents))  # more than there are documents: all of them
+    proto = rerank_pb2.RerankRequest(query=body.query, documents=body.documents, top_n=top_n)
     response = await _rerank(request, body.model, proto)
     results = []
     for result in response.results:
@@ -82,7 +87,7 @@ async def rerank(body: RerankRequest, request: Request) -> dict[str, Any]:
 
 
 @router.post("/rerank")
-async def rerank_any(body: dict[str, Any], request: Request) -> Any:
+async def rerank_any(body: Annotated[dict[str, Any], WithJsonSchema(EITHER_SCHEMA)], request: Request) -> Any:
     """RAGFlow posts the seed's body here without /v1; TEI clients post `texts`."""
     if "texts" in body and "documents" not in body:
         return await tei_rerank(_parse(TEIRerankRequest, body), request)

@@ -18,14 +18,17 @@ import numpy as np
 from tritonclient.utils import triton_to_np_dtype
 
 from services.common.errors import ServiceError
+from services.common.metrics import BATCH_SIZE
 from services.common.server import ServedModel
 from services.common.tokenizer import load_tokenizer
 from services.common.triton import Triton
 from tritongate.config import EncoderEntry
+from tritongate.logs import NO_REQUEST, REQUEST_ID
 
 # Tensor names tritongate uses; `input_config` maps them to the Triton model's names.
 STANDARD_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 DEFAULT_BATCH = 64
+MAX_BATCH_IDS = 256  # characters of the merged request ids a batched Triton call carries
 
 
 @dataclass
@@ -43,6 +46,7 @@ PostProcess = Callable[[np.ndarray, np.ndarray], np.ndarray]
 @dataclass
 class _Waiting:
     rows: Sequence[Row]
+    request_id: str
     result: asyncio.Future[np.ndarray] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
 
@@ -53,20 +57,26 @@ class Batcher:
     added latency when idle); otherwise it waits, and when a call ends, everything waiting (up to
     `batch_size` rows) leaves together in one call. Under load this turns many one-row requests into
     few large calls, which is what costs Triton and this process least per row.
+
+    A call runs with REQUEST_ID set to the distinct ids of the requests it serves, joined by ","
+    (cut at MAX_BATCH_IDS characters), for its log lines and the Triton request id.
     """
 
-    def __init__(self, call: Callable[[list[Row]], Awaitable[np.ndarray]], batch_size: int, slots: int) -> None:
+    def __init__(self, call: Callable[[list[Row]], Awaitable[np.ndarray]], batch_size: int, slots: int,
+                 model: str = "") -> None:
         self.call = call
+        self.model = model
         self.batch_size = batch_size
         self.slots = slots
         self._waiting: deque[_Waiting] = deque()
         self._in_flight = 0
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._running: dict[asyncio.Task[None], list[_Waiting]] = {}  # Triton calls and whose rows they carry
 
     async def submit(self, rows: Sequence[Row]) -> np.ndarray:
         # Equal parts (100 rows with batch size 64: 50 + 50, not 64 + 36), so instances finish together.
         size = max(1, math.ceil(len(rows) / math.ceil(len(rows) / self.batch_size))) if rows else 1
-        parts = [_Waiting(rows[i:i + size]) for i in range(0, len(rows), size)]
+        request_id = REQUEST_ID.get()
+        parts = [_Waiting(rows[i:i + size], request_id) for i in range(0, len(rows), size)]
         self._waiting.extend(parts)
         self._dispatch()
         try:
@@ -74,6 +84,7 @@ class Batcher:
         finally:
             for part in parts:  # a cancelled caller's rows are skipped if they have not left yet
                 part.result.cancel()
+            self._drop_abandoned()
         return results[0] if len(results) == 1 else np.concatenate(results)
 
     def _dispatch(self) -> None:
@@ -88,12 +99,22 @@ class Batcher:
             if batch:
                 self._in_flight += 1
                 task = asyncio.create_task(self._run(batch))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
+                self._running[task] = batch
+                task.add_done_callback(lambda done: self._running.pop(done, None))
+
+    def _drop_abandoned(self) -> None:
+        """Cancel the Triton calls whose callers have all gone (deadline passed, client disconnected)."""
+        for task, batch in list(self._running.items()):
+            if all(waiting.result.cancelled() for waiting in batch):
+                task.cancel()
 
     async def _run(self, batch: list[_Waiting]) -> None:
+        ids = dict.fromkeys(waiting.request_id for waiting in batch if waiting.request_id != NO_REQUEST)
+        REQUEST_ID.set(",".join(ids)[:MAX_BATCH_IDS] or NO_REQUEST)  # this task's own context
+        rows = [row for waiting in batch for row in waiting.rows]
+        BATCH_SIZE.labels(self.model).observe(len(rows))
         try:
-            output = await self.call([row for waiting in batch for row in waiting.rows])
+            output = await self.call(rows)
         except Exception as exc:
             for waiting in batch:
                 if not waiting.result.done():
@@ -125,7 +146,7 @@ class EncoderModel(ServedModel):
         self.output_name = ""
         self.output_dims: list[int] = []
         self.post: PostProcess = lambda output, mask: output
-        self.batcher = Batcher(self._infer, self.batch_size, entry.max_concurrent_batches)
+        self.batcher = Batcher(self._infer, self.batch_size, entry.max_concurrent_batches, entry.name)
 
     def on_ready(self, triton_config: dict[str, Any]) -> None:
         declared = {tensor["name"]: tensor for tensor in triton_config.get("input", [])}
@@ -174,7 +195,8 @@ class EncoderModel(ServedModel):
     async def _infer(self, rows: list[Row]) -> np.ndarray:
         """One Triton call for rows of possibly many requests, post-processed to one row per input."""
         tensors, mask = self._tensors(rows)
-        result = await self.triton.infer(self.url, self.triton_name, tensors, [self.output_name])
+        result = await self.triton.infer(self.url, self.triton_name, tensors, [self.output_name],
+                                         request_id=REQUEST_ID.get())  # the batch's ids (see Batcher)
         return self.post(result[self.output_name], mask)
 
     async def run(self, rows: Sequence[Row], timeout: float | None) -> np.ndarray:

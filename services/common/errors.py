@@ -48,8 +48,15 @@ def model_not_found(model: str) -> ServiceError:
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+# Failures on this side (not the client's mistakes): logged, so the request id ties them to the edge's 5xx.
+_LOGGED = frozenset({grpc.StatusCode.INTERNAL, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
+                     grpc.StatusCode.FAILED_PRECONDITION})
+
+
 async def _abort(context: grpc.aio.ServicerContext, exc: Exception) -> None:
     if isinstance(exc, ServiceError):
+        if exc.code in _LOGGED:
+            log.warning("%s: %s", exc.code.name, exc.message)
         await context.abort(exc.code, exc.message, exc.trailing_metadata())
     log.exception("unexpected error in %s", type(exc).__name__)
     await context.abort(grpc.StatusCode.INTERNAL, "internal error in the service; see its log")

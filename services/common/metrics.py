@@ -1,17 +1,23 @@
-"""Prometheus metrics for the gRPC services: RPCs started, handled (by status code), in flight, and
-their latency, under the names go-grpc-prometheus made common, served over HTTP on
-TRITONGATE_METRICS_PORT (`--metrics-port`; 0 = off)."""
+"""Per-RPC bookkeeping of the gRPC services, and their Prometheus metrics.
+
+The interceptor binds the caller's request id (`x-request-id` metadata) for the handler's log lines and
+Triton calls, and counts RPCs started, handled (by status code), in flight, and their latency, under the
+names go-grpc-prometheus made common. Triton calls and encoder batches are measured too. Served over
+HTTP on TRITONGATE_METRICS_PORT (`--metrics-port`; 0 = off)."""
 
 from __future__ import annotations
 
 import asyncio
 import inspect
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import grpc
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
+
+from tritongate.logs import NO_REQUEST, REQUEST_ID_HEADER, bind_request_id, sane_request_id
 
 _LABELS = ("grpc_service", "grpc_method", "grpc_type")
 
@@ -21,6 +27,12 @@ HANDLED = Counter("grpc_server_handled_total", "RPCs completed on the server, by
 IN_FLIGHT = Gauge("grpc_server_in_flight", "RPCs being handled now.", _LABELS)
 LATENCY = Histogram("grpc_server_handling_seconds", "Time from an RPC's start to its end on the server.",
                     _LABELS, buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300))
+TRITON_LATENCY = Histogram("tritongate_triton_request_duration_seconds",
+                           "Time of one Triton call (a whole stream for generation), by Triton model and outcome "
+                           "(a gRPC status code name).", ("model", "outcome"),
+                           buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 60, 300))
+BATCH_SIZE = Histogram("tritongate_batch_size", "Rows per Triton call of an encoder model (requests merged).",
+                       ("model",), buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512))
 
 
 def _code(context: grpc.aio.ServicerContext, error: BaseException | None) -> grpc.StatusCode:
@@ -49,10 +61,12 @@ class _Rpc:
         LATENCY.labels(*self.labels).observe(time.perf_counter() - self.start)
 
 
-def _wrap(behavior: Callable[..., Any], labels: tuple[str, str, str]) -> Callable[..., Any]:
+def _wrap(behavior: Callable[..., Any], labels: tuple[str, str, str], request_id: str) -> Callable[..., Any]:
+    # Each RPC runs in its own task, so the request id set here is that RPC's alone.
     if inspect.isasyncgenfunction(behavior):
 
         async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            bind_request_id(request_id)
             with _Rpc(labels, context):
                 async for response in behavior(request, context):
                     yield response
@@ -60,6 +74,7 @@ def _wrap(behavior: Callable[..., Any], labels: tuple[str, str, str]) -> Callabl
         return stream
 
     async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        bind_request_id(request_id)
         with _Rpc(labels, context):
             return await behavior(request, context)
 
@@ -74,8 +89,13 @@ _FACTORIES = {
 }
 
 
+def _request_id(metadata: Sequence[tuple[str, Any]] | None) -> str:
+    value = next((v for k, v in metadata or () if k == REQUEST_ID_HEADER), None)
+    return sane_request_id(value if isinstance(value, str) else None) or NO_REQUEST
+
+
 class MetricsInterceptor(grpc.aio.ServerInterceptor):
-    """Wraps every method handler of the server it is installed on."""
+    """Wraps every method handler of the server it is installed on (install it first: outermost)."""
 
     async def intercept_service(
         self,
@@ -87,9 +107,30 @@ class MetricsInterceptor(grpc.aio.ServerInterceptor):
             return handler
         service, _, method = handler_call_details.method.lstrip("/").rpartition("/")
         kind, attribute, factory = _FACTORIES[(handler.request_streaming, handler.response_streaming)]
-        behavior = _wrap(getattr(handler, attribute), (service, method, kind))
+        behavior = _wrap(getattr(handler, attribute), (service, method, kind),
+                         _request_id(handler_call_details.invocation_metadata))
         return factory(behavior, request_deserializer=handler.request_deserializer,
                        response_serializer=handler.response_serializer)
+
+
+@contextmanager
+def triton_call(model: str) -> Iterator[None]:
+    """Measures one Triton call; the outcome is the gRPC code of what it raised (OK when nothing)."""
+    start = time.perf_counter()
+    outcome = "OK"
+    try:
+        yield
+    except GeneratorExit:  # the caller closed a stream early (e.g. at a stop string): not a failure
+        raise
+    except asyncio.CancelledError:
+        outcome = "CANCELLED"
+        raise
+    except BaseException as exc:
+        code = getattr(exc, "code", None)
+        outcome = code.name if isinstance(code, grpc.StatusCode) else "UNKNOWN"
+        raise
+    finally:
+        TRITON_LATENCY.labels(model, outcome).observe(time.perf_counter() - start)
 
 
 def handled_by_code() -> dict[str, int]:

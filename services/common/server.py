@@ -17,6 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
+from services.common.admission import AdmissionInterceptor
 from services.common.errors import ServiceError, model_not_found, rpc
 from services.common.metrics import MetricsInterceptor, handled_by_code, in_flight
 from services.common.triton import MAX_MESSAGE_BYTES, Triton
@@ -159,7 +160,7 @@ class RunningService:
 
 
 async def _watch_readiness(models: ModelSet[Any], health_servicer: HealthServicer,
-                           names: Sequence[str]) -> None:
+                           names: Sequence[str], triton: Triton) -> None:
     serving: bool | None = None
     while True:
         ready = await models.refresh()
@@ -169,7 +170,8 @@ async def _watch_readiness(models: ModelSet[Any], health_servicer: HealthService
                 await health_servicer.set(name, status)
             log.info("health: %s", "SERVING" if ready else "NOT_SERVING (waiting for Triton models)")
             serving = ready
-        await asyncio.sleep(5.0 if ready else 1.0)
+        # A Triton call that finds Triton unreachable wakes the watcher early: NOT_SERVING within a moment.
+        await triton.wait_unreachable(5.0 if ready else 1.0)
 
 
 async def start_service(
@@ -180,10 +182,14 @@ async def start_service(
     port: int,
     max_connection_age_ms: int = 30_000,
     grace_s: float = 30.0,
+    credentials: grpc.ServerCredentials | None = None,
+    max_in_flight: int = 256,
 ) -> RunningService:
-    """Start serving on host:port (0 picks a free port); health is NOT_SERVING until Triton is ready."""
-    server = grpc.aio.server(interceptors=[MetricsInterceptor()],
-                             options=server_options(max_connection_age_ms, grace_s))
+    """Start serving on host:port (0 picks a free port), over TLS when `credentials` are given; health is
+    NOT_SERVING until Triton is ready."""
+    # Metrics first (outermost), so that refusals for overload are counted too.
+    interceptors = [MetricsInterceptor(), AdmissionInterceptor(max_in_flight, (spec.name,))]
+    server = grpc.aio.server(interceptors=interceptors, options=server_options(max_connection_age_ms, grace_s))
     spec.add_servicer(server)
     health_servicer = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -191,15 +197,16 @@ async def start_service(
         (spec.name, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
         server,
     )
-    bound = server.add_insecure_port(f"{host}:{port}")
+    address = f"{host}:{port}"
+    bound = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
     if bound == 0:
         raise OSError(f"cannot listen on {host}:{port}")
     for name in ("", spec.name):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     await health_servicer.set(LIVENESS, health_pb2.HealthCheckResponse.SERVING)
     await server.start()
-    log.info("%s listening on %s:%d", spec.name, host, bound)
-    watcher = asyncio.create_task(_watch_readiness(spec.models, health_servicer, ("", spec.name)))
+    log.info("%s listening on %s:%d%s", spec.name, host, bound, " (TLS)" if credentials else "")
+    watcher = asyncio.create_task(_watch_readiness(spec.models, health_servicer, ("", spec.name), triton))
     return RunningService(server, bound, health_servicer, watcher, triton)
 
 

@@ -3,6 +3,8 @@ configuration, unary and streaming inference, and one mapping of Triton failures
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
@@ -14,6 +16,7 @@ from tritonclient.grpc.aio import InferenceServerClient
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from services.common.errors import ServiceError
+from services.common.metrics import triton_call
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +28,10 @@ _CHANNEL_ARGS = [
     ("grpc.keepalive_timeout_ms", 10_000),
     ("grpc.keepalive_permit_without_calls", 0),
     ("grpc.http2.max_pings_without_data", 0),
+    # Reconnect attempts back off to 120 s by default: a Triton that comes back would go unnoticed that long.
+    ("grpc.initial_reconnect_backoff_ms", 250),
+    ("grpc.min_reconnect_backoff_ms", 250),
+    ("grpc.max_reconnect_backoff_ms", 2000),
 ]
 
 _STATUS_MAP = {
@@ -40,7 +47,9 @@ def triton_error(exc: InferenceServerException, model: str) -> ServiceError:
     service built a bad request (a configuration mismatch, not a client mistake): INTERNAL."""
     status = str(exc.status() or "")
     message = exc.message() or str(exc)
-    if status in ("StatusCode.UNAVAILABLE", "StatusCode.NOT_FOUND") or "not ready" in message:
+    # "unknown model": in a stream, what a model being unloaded (e.g. Triton shutting down) answers.
+    if status in ("StatusCode.UNAVAILABLE", "StatusCode.NOT_FOUND") or "not ready" in message or \
+            "unknown model" in message:
         return ServiceError(grpc.StatusCode.UNAVAILABLE, f"Triton model `{model}` is unavailable: {message}")
     code = _STATUS_MAP.get(status, grpc.StatusCode.INTERNAL)
     return ServiceError(code, f"Triton failed on model `{model}`: {message}")
@@ -58,6 +67,20 @@ class Triton:
     def __init__(self, timeout_s: float = 60.0) -> None:
         self._clients: dict[str, InferenceServerClient] = {}
         self.timeout_s = timeout_s  # for calls that carry no deadline of their own
+        self._unreachable = asyncio.Event()
+
+    def _failed(self, exc: InferenceServerException, model: str) -> ServiceError:
+        """The error to raise; one that says Triton is unavailable also wakes `wait_unreachable`."""
+        error = triton_error(exc, model)
+        if error.code == grpc.StatusCode.UNAVAILABLE:
+            self._unreachable.set()
+        return error
+
+    async def wait_unreachable(self, timeout: float) -> None:
+        """Return when an inference call has found Triton (or a model) unavailable, or after `timeout`."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._unreachable.wait(), timeout)
+        self._unreachable.clear()
 
     def client(self, url: str) -> InferenceServerClient:
         if url not in self._clients:
@@ -90,17 +113,20 @@ class Triton:
         inputs: Mapping[str, np.ndarray],
         outputs: list[str],
         timeout: float | None = None,
+        request_id: str = "",
     ) -> dict[str, np.ndarray]:
         """One unary inference; returns the requested outputs as numpy arrays."""
-        try:
-            result: InferResult = await self.client(url).infer(
-                model,
-                [make_input(name, array) for name, array in inputs.items()],
-                outputs=[InferRequestedOutput(name) for name in outputs],
-                client_timeout=timeout or self.timeout_s,
-            )
-        except InferenceServerException as exc:
-            raise triton_error(exc, model) from None
+        with triton_call(model):
+            try:
+                result: InferResult = await self.client(url).infer(
+                    model,
+                    [make_input(name, array) for name, array in inputs.items()],
+                    outputs=[InferRequestedOutput(name) for name in outputs],
+                    client_timeout=timeout or self.timeout_s,
+                    request_id=request_id,
+                )
+            except InferenceServerException as exc:
+                raise self._failed(exc, model) from None
         return {name: result.as_numpy(name) for name in outputs}
 
     async def stream(
@@ -125,12 +151,15 @@ class Triton:
             }
 
         call = self.client(url).stream_infer(requests(), stream_timeout=timeout)
-        try:
-            async for result, error in call:
-                if error is not None:
-                    raise triton_error(error, model)
-                yield {name: result.as_numpy(name) for name in outputs if result.get_output(name)}
-        except InferenceServerException as exc:
-            raise triton_error(exc, model) from None
-        finally:
-            call.cancel()
+        with triton_call(model):
+            try:
+                async for result, error in call:
+                    if error is not None:
+                        raise self._failed(error, model)
+                    yield {name: result.as_numpy(name) for name in outputs if result.get_output(name)}
+            except InferenceServerException as exc:
+                raise self._failed(exc, model) from None
+            except grpc.aio.AioRpcError as exc:  # the stream's own failure (e.g. Triton unreachable) comes raw
+                raise self._failed(InferenceServerException(exc.details(), str(exc.code())), model) from None
+            finally:
+                call.cancel()

@@ -100,11 +100,12 @@ class LanguageModel(ServedModel):
                        ) -> AsyncIterator[llm_pb2.GenerateResponse]:
         """Accepted, then the deltas of all completions as they come, then the usage."""
         prompts, echoes, prompt_param = self.prompts(request)
-        n = check_request(request, len(prompts), self.entry.max_choices)
+        n = check_request(request, len(prompts), self.entry.max_choices, self.entry.max_n)
         await self.ensure_ready()
         base, stops = sampling(request, self.defaults, self.backend, self.name, self.vocab_size,
                                lambda text: self.tokenize(text, special=False))
-        limits = [max_new_tokens(request, len(ids), self.defaults.max_len, prompt_param) for ids in prompts]
+        limits = [max_new_tokens(request, len(ids), self.defaults.max_len, prompt_param,
+                                 self.entry.max_completion_tokens) for ids in prompts]
         seeds = choice_seeds(request, n)
         token_stops = [[self.defaults.end_id]] if self.defaults.end_id is not None else []
         token_stops += self.defaults.stop_words or []
@@ -117,7 +118,7 @@ class LanguageModel(ServedModel):
                 choice = for_choice(base, limits[p], seeds[j], f"{request.request_id}-{p * n + j}")
                 streams.append(self._run(completion, ids, choice, timeout))
         prompt_tokens = sum(len(ids) for ids in prompts)
-        log.debug("request %s: %d prompt tokens, %d choices", request.request_id, prompt_tokens, len(completions))
+        log.debug("%d prompt tokens, %d choices", prompt_tokens, len(completions))
         yield llm_pb2.GenerateResponse(accepted=llm_pb2.Accepted(prompt_tokens=prompt_tokens,
                                                                  choices=len(completions)))
         async for batch in merge(streams):

@@ -20,7 +20,7 @@ from services.llm.fastertransformer import seed_words
 from tritongate.config import ModelInfo
 from tritongate.llm.v1 import llm_pb2
 
-MAX_N = 16
+MAX_N = 16  # default of the model configuration's `max_n`
 MAX_STOPS = 4
 DEFAULT_CONTEXT = 2048
 _CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx")
@@ -80,14 +80,14 @@ def _require(backend: LlmBackend, knob: Knob, param: str, model: str) -> None:
         raise _unsupported(param, backend, model)
 
 
-def check_request(request: llm_pb2.GenerateRequest, prompts: int, max_choices: int) -> int:
-    """`n` (0 means 1), within bounds; returns it."""
+def check_request(request: llm_pb2.GenerateRequest, prompts: int, max_choices: int, max_n: int = MAX_N) -> int:
+    """`n` (0 means 1), within the model's bounds (`max_n`, `max_choices`); returns it."""
     n = request.n or 1
-    if n > MAX_N:
-        raise invalid_argument(f"`n` must be between 1 and {MAX_N}; got {n}.", "n")
+    if n > max_n:
+        raise invalid_argument(f"`n` must be between 1 and {max_n} (max_n); got {n}.", "n")
     if prompts * n > max_choices:
         raise invalid_argument(f"{prompts} prompts with n={n} ask for {prompts * n} completions; at most "
-                               f"{max_choices} are allowed per request.", "n")
+                               f"{max_choices} (max_choices) are allowed per request.", "n")
     return n
 
 
@@ -155,8 +155,10 @@ def sampling(request: llm_pb2.GenerateRequest, defaults: Defaults, backend: LlmB
                     bad_words=bad_words, logprobs=request.logprobs), stops
 
 
-def max_new_tokens(request: llm_pb2.GenerateRequest, prompt_tokens: int, max_len: int, prompt_param: str) -> int:
-    """`max_tokens`, or the rest of the context; a prompt that leaves no room is refused."""
+def max_new_tokens(request: llm_pb2.GenerateRequest, prompt_tokens: int, max_len: int, prompt_param: str,
+                   cap: int | None = None) -> int:
+    """`max_tokens`, or the rest of the context (at most `cap`, the model's `max_completion_tokens`); a
+    prompt that leaves no room is refused."""
     chat = prompt_param == "messages"
     if prompt_tokens >= max_len:
         raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT,
@@ -164,8 +166,11 @@ def max_new_tokens(request: llm_pb2.GenerateRequest, prompt_tokens: int, max_len
                            f"{prompt_param} resulted in {prompt_tokens} tokens. Please reduce the length of the "
                            f"{prompt_param}.", prompt_param, "context_length_exceeded")
     if not request.HasField("max_tokens"):
-        return max_len - prompt_tokens
+        return min(max_len - prompt_tokens, cap or max_len)
     wanted = request.max_tokens
+    if cap is not None and wanted > cap:
+        raise invalid_argument(f"`max_tokens` is {wanted}; this model generates at most {cap} tokens per "
+                               "completion (max_completion_tokens).", "max_tokens")
     if wanted == 0 and (chat or not request.echo):
         raise invalid_argument("`max_tokens` must be at least 1" + ("." if chat else " (0 only with `echo`)."),
                                "max_tokens")

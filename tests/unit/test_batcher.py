@@ -96,3 +96,31 @@ async def test_a_failed_call_fails_only_its_own_requests() -> None:
     assert isinstance(results[1], RuntimeError)
     assert results[0].ravel().tolist() == [10]  # type: ignore[union-attr]
     assert (await batcher.submit(rows(3))).ravel().tolist() == [30]  # and it keeps serving
+
+
+async def test_a_triton_call_whose_callers_all_left_is_cancelled() -> None:
+    cancelled: list[list[int]] = []
+
+    async def call(batch: list[Row]) -> np.ndarray:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.append([row.input_ids[0] for row in batch])
+            raise
+        return np.zeros((len(batch), 1))
+
+    batcher = Batcher(call, batch_size=8, slots=1)
+    alone = asyncio.create_task(batcher.submit(rows(1)))
+    await asyncio.sleep(0)
+    shared = [asyncio.create_task(batcher.submit(rows(i))) for i in (2, 3)]  # wait, then leave together
+    await asyncio.sleep(0)
+    alone.cancel()  # its deadline passed: its call is dropped, the waiting two leave together
+    await asyncio.sleep(0.01)
+    assert cancelled == [[1]]
+    shared[0].cancel()  # one of two callers gone: the call goes on for the other
+    await asyncio.sleep(0.01)
+    assert cancelled == [[1]]
+    shared[1].cancel()
+    await asyncio.sleep(0.01)
+    assert cancelled == [[1], [2, 3]]
+    await asyncio.gather(alone, *shared, return_exceptions=True)

@@ -44,3 +44,13 @@ def test_unavailable_without_service_detail_says_which_service() -> None:
 def test_every_mapped_status_has_an_openai_type() -> None:
     for status, type_, _ in GRPC_TO_HTTP.values():
         assert OpenAIError(status, "m", type_=type_).body()["error"]["type"] == type_
+
+
+def test_an_overloaded_service_is_a_429_that_says_when_to_retry() -> None:
+    error = from_grpc(FakeRpcError(grpc.StatusCode.RESOURCE_EXHAUSTED, "at its limit of 4 concurrent requests",
+                                   (("tg-code", "overloaded"),)), "llm", retry_after_s=3)
+    response = error.response()
+    assert response.status_code == 429 and response.headers["retry-after"] == "3"
+    assert error.body()["error"] == {"message": "at its limit of 4 concurrent requests", "type": "rate_limit_error",
+                                     "param": None, "code": "overloaded"}
+    assert "retry-after" not in from_grpc(FakeRpcError(grpc.StatusCode.UNAVAILABLE, "x"), "llm").response().headers

@@ -159,3 +159,16 @@ def test_context_length_from_the_model_folder(tmp_path: Any) -> None:
     assert context_length(ModelInfo(name="m"), Tokenizer(), str(tmp_path)) == 4096
     assert context_length(ModelInfo(name="m", max_len=512), Tokenizer(), str(tmp_path)) == 512
     assert context_length(ModelInfo(name="m"), Tokenizer(), str(tmp_path / "none")) == 2048
+
+
+def test_configured_limits_of_n_and_max_tokens_name_the_limit() -> None:
+    assert check_request(llm_pb2.GenerateRequest(n=32), 1, 64, max_n=32) == 32
+    with pytest.raises(ServiceError) as info:
+        check_request(llm_pb2.GenerateRequest(n=5), 1, 64, max_n=4)
+    assert info.value.param == "n" and "between 1 and 4 (max_n); got 5" in info.value.message
+    assert max_new_tokens(llm_pb2.GenerateRequest(), 30, 100, "prompt", cap=50) == 50
+    assert max_new_tokens(llm_pb2.GenerateRequest(), 80, 100, "prompt", cap=50) == 20
+    assert max_new_tokens(llm_pb2.GenerateRequest(max_tokens=50), 30, 100, "prompt", cap=50) == 50
+    with pytest.raises(ServiceError) as info:
+        max_new_tokens(llm_pb2.GenerateRequest(max_tokens=51), 30, 100, "prompt", cap=50)
+    assert info.value.param == "max_tokens" and "at most 50 tokens" in info.value.message

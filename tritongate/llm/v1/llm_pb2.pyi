@@ -201,7 +201,9 @@ class GenerateRequest(_message.Message):
     do_sample: _builtins.bool
     """false forces greedy decoding whatever the temperature."""
     request_id: _builtins.str
-    """The caller's id for the request (e.g. the edge's `chatcmpl-…`), for logs."""
+    """The client's request id (the edge's X-Request-ID), for logs; the service sends "<request_id>-<choice>"
+    to Triton as the request id of each completion.
+    """
     @_builtins.property
     def prompts(self) -> Global___Prompts:
         """One or more prompts (completions)."""

@@ -1,0 +1,157 @@
+"""API keys. When any are configured, every request needs `Authorization: Bearer <key>` except on the
+open paths (health, the API docs, and /metrics unless metrics_require_key). The check denies by
+default: a route added later is protected without anyone listing it, and an unknown path answers 401
+before 404. No keys configured: no check at all.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import logging
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI
+from starlette.responses import Response
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from edge.errors import OpenAIError
+from tritongate.config import ConfigError
+from tritongate.settings import Settings
+
+log = logging.getLogger(__name__)
+
+OPEN_PATHS = frozenset({"/health", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
+METRICS_PATH = "/metrics"
+SCHEME = "ApiKey"  # the OpenAPI security scheme, so that the docs' "Authorize" button works
+
+
+def parse_keys(text: str) -> list[str]:
+    """Keys separated by commas; blanks around them are ignored."""
+    return [key.strip() for key in text.split(",") if key.strip()]
+
+
+def read_key_file(path: Path) -> list[str]:
+    """One key a line; blank lines and lines starting with # are ignored."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"TRITONGATE_API_KEY_FILE: cannot read {path}: {exc}") from None
+    keys = [line.strip() for line in lines if line.strip() and not line.strip().startswith("#")]
+    if not keys:  # fail closed: a key file was meant to turn authentication on
+        raise ConfigError(f"TRITONGATE_API_KEY_FILE: {path} holds no keys")
+    return keys
+
+
+def load_api_keys(settings: Settings) -> list[str]:
+    """Every accepted key, from api_key and api_key_file together, without duplicates."""
+    keys = parse_keys(settings.api_key.get_secret_value()) if settings.api_key else []
+    if settings.api_key_file is not None:
+        keys += read_key_file(settings.api_key_file)
+    return list(dict.fromkeys(keys))
+
+
+class KeyChecker:
+    """Compares a presented key with every configured one in constant time. Both sides are hashed
+    first, so neither the keys' lengths nor which key matched shows in the timing."""
+
+    def __init__(self, keys: Iterable[str]) -> None:
+        self._digests = tuple(hashlib.sha256(key.encode()).digest() for key in keys)
+
+    def valid(self, presented: bytes) -> bool:
+        digest = hashlib.sha256(presented).digest()
+        found = False
+        for known in self._digests:  # no early exit
+            found |= hmac.compare_digest(digest, known)
+        return found
+
+
+def bearer_token(headers: Iterable[tuple[bytes, bytes]]) -> bytes | None:
+    """The token of an `Authorization: Bearer <token>` header, or None."""
+    for name, value in headers:
+        if name == b"authorization":
+            scheme, _, token = value.strip().partition(b" ")
+            token = token.strip()
+            return token if scheme.lower() == b"bearer" and token else None
+    return None
+
+
+def _unauthorized(message: str) -> Response:
+    response = OpenAIError(401, message, code="invalid_api_key", type_="authentication_error").response()
+    response.headers["WWW-Authenticate"] = "Bearer"
+    return response
+
+
+MISSING = ("You didn't provide an API key. You need to provide your API key in an Authorization header "
+           "using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).")
+INCORRECT = "Incorrect API key provided."
+
+
+class ApiKeyAuth:
+    """Pure ASGI middleware (no per-request objects on the accepted path; streaming untouched)."""
+
+    def __init__(self, app: ASGIApp, keys: Iterable[str], open_paths: frozenset[str]) -> None:
+        self.app = app
+        self.checker = KeyChecker(keys)
+        self.open_paths = open_paths
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket") or scope["path"] in self.open_paths:
+            await self.app(scope, receive, send)
+            return
+        token = bearer_token(scope["headers"])
+        if token is not None and self.checker.valid(token):
+            await self.app(scope, receive, send)
+            return
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008})  # policy violation
+            return
+        # A new response each time: outer middleware may add headers to the one it is sent.
+        await _unauthorized(MISSING if token is None else INCORRECT)(scope, receive, send)
+
+
+def open_paths(settings: Settings) -> frozenset[str]:
+    return OPEN_PATHS if settings.metrics_require_key else OPEN_PATHS | {METRICS_PATH}
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def _document_bearer(app: FastAPI, unprotected: frozenset[str]) -> None:
+    """Declare the bearer scheme on every protected operation of the OpenAPI document."""
+    build: Callable[[], dict[str, Any]] = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        documented = app.openapi_schema is not None
+        schema = build()  # FastAPI builds the document once and caches it in app.openapi_schema
+        if not documented:
+            schema.setdefault("components", {}).setdefault("securitySchemes", {})[SCHEME] = {
+                "type": "http", "scheme": "bearer"}
+            for path, operations in schema.get("paths", {}).items():
+                if path not in unprotected:
+                    for operation in operations.values():
+                        operation["security"] = [{SCHEME: []}]
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def install_auth(app: FastAPI, settings: Settings) -> None:
+    """Require a key when any is configured; add before the outermost (metrics) middleware."""
+    keys = load_api_keys(settings)
+    if not keys:
+        if not _is_loopback(settings.edge_host):
+            log.warning("no API key configured: anyone who reaches %s:%d can use the API "
+                        "(set TRITONGATE_API_KEY or --api-key)", settings.edge_host, settings.edge_port)
+        return
+    unprotected = open_paths(settings)
+    app.add_middleware(ApiKeyAuth, keys=keys, open_paths=unprotected)
+    _document_bearer(app, unprotected)
+    log.info("API keys: %d accepted; open without one: %s", len(keys), ", ".join(sorted(unprotected)))

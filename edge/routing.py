@@ -1,0 +1,74 @@
+"""What every router of the edge shares: strict JSON request bodies, and the error responses that
+/openapi.json declares for every operation.
+
+Request bodies are parsed with orjson, which accepts only strict JSON. Python's `json` lets through what
+no JSON client should send and what the services cannot carry: lone UTF-16 surrogates (`"\\udb03"`,
+which cannot be encoded to the UTF-8 that protobuf requires) and `NaN` / `Infinity`. orjson refuses
+them, and FastAPI turns its error (a `json.JSONDecodeError`) into the usual 400 "could not parse the
+JSON body". It is also faster.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import orjson
+from fastapi import APIRouter, Request, Response
+from fastapi.routing import APIRoute
+from pydantic import BaseModel, ConfigDict
+
+
+class ErrorObject(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(BaseModel):
+    """OpenAI's error body, which every error of the edge has (FastAPI's 422 `detail` never appears)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    error: ErrorObject
+
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    "4XX": {"model": ErrorResponse, "description": "The request was refused (400 invalid, 401, 404 unknown "
+                                                   "model, 413 too large, 429 overloaded)"},
+    "5XX": {"model": ErrorResponse, "description": "A service failed (500), is unavailable (503) or timed out "
+                                                   "(504)"},
+}
+# For the generation endpoints: with `stream: true` the answer is Server-Sent Events. (In OpenAPI 3.1 the
+# schema of an event stream describes one event: `data` is a chunk's JSON, or `[DONE]` last.)
+SSE_EVENT = {"type": "object", "required": ["data"],
+             "properties": {"event": {"type": "string"}, "data": {"type": "string"}}}
+STREAM_RESPONSE: dict[int | str, dict[str, Any]] = {
+    200: {"description": "The response, or with `stream: true` its chunks as Server-Sent Events",
+          "content": {"text/event-stream": {"schema": SSE_EVENT}}},
+}
+
+
+class StrictJSONRequest(Request):
+    async def json(self) -> Any:
+        if not hasattr(self, "_json"):
+            self._json = orjson.loads(await self.body())
+        return self._json
+
+
+class StrictJSONRoute(APIRoute):
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def strict(request: Request) -> Response:
+            return await handler(StrictJSONRequest(request.scope, request.receive))
+
+        return strict
+
+
+def api_router(**kwargs: Any) -> APIRouter:
+    """An APIRouter with strict JSON bodies and OpenAI's error responses declared."""
+    return APIRouter(route_class=StrictJSONRoute, responses=ERROR_RESPONSES, **kwargs)

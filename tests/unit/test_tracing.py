@@ -1,0 +1,81 @@
+"""Optional OpenTelemetry tracing, in a child process (the instrumentation patches grpc.aio for good):
+an HTTP request through the edge's middleware and a gRPC call from an edge-like client to a service-like
+server, spans kept in memory."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytest.importorskip("opentelemetry.sdk")
+
+SCRIPT = textwrap.dedent('''
+    import asyncio, json
+    import grpc, httpx
+    from fastapi import FastAPI
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from grpc_health.v1._async import HealthServicer
+    from opentelemetry.instrumentation.grpc import GrpcAioInstrumentorClient
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from edge.metrics import install_metrics
+    from services.common.metrics import MetricsInterceptor
+    from tritongate.logs import REQUEST_ID, request_metadata
+    from tritongate.tracing import instrument_app, setup_tracing
+
+    memory = InMemorySpanExporter()
+    provider = setup_tracing("embed", exporter=memory)  # a service: its server is traced
+    GrpcAioInstrumentorClient().instrument(tracer_provider=provider)  # and the edge's side, here too
+
+    async def grpc_call():
+        server = grpc.aio.server(interceptors=[MetricsInterceptor()])
+        health_pb2_grpc.add_HealthServicer_to_server(HealthServicer(), server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        REQUEST_ID.set("rid-grpc")
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(),
+                                                            metadata=request_metadata())
+        await server.stop(None)
+
+    async def http_call():
+        app = FastAPI()
+        app.add_api_route("/ping", lambda: {"ok": True})
+        install_metrics(app)
+        instrument_app(app, provider)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://edge") as client:
+            await client.get("/ping", headers={"X-Request-ID": "rid-http"})
+
+    asyncio.run(grpc_call())
+    asyncio.run(http_call())
+    provider.force_flush()
+    print(json.dumps([{"name": s.name, "kind": s.kind.name, "trace": s.context.trace_id, "id": s.context.span_id,
+                       "parent": s.parent.span_id if s.parent else None,
+                       "request_id": s.attributes.get("tritongate.request_id")}
+                      for s in memory.get_finished_spans()]))
+''')
+
+
+def test_spans_cross_the_grpc_hop_and_carry_the_request_id() -> None:
+    done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    spans = json.loads(done.stdout.splitlines()[-1])
+    client = next(s for s in spans if s["kind"] == "CLIENT")
+    server = next(s for s in spans if s["kind"] == "SERVER" and "Health" in s["name"])
+    assert client["name"] == server["name"] == "/grpc.health.v1.Health/Check"
+    assert (server["trace"], server["parent"]) == (client["trace"], client["id"])  # one trace, across the hop
+    assert client["request_id"] == server["request_id"] == "rid-grpc"
+    http = next(s for s in spans if s["kind"] == "SERVER" and "ping" in s["name"])
+    assert http["request_id"] == "rid-http"
+
+
+def test_missing_packages_are_one_clear_error() -> None:
+    script = ("import sys; sys.modules['opentelemetry.sdk'] = None\n"
+              "from tritongate.tracing import setup_tracing\nsetup_tracing('edge')")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert "pip install 'tritongate[otel]'" in done.stderr.splitlines()[-1]
