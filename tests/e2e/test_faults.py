@@ -10,10 +10,8 @@ the MiniLM models, its own services and edge) so that the session's stack is unt
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
 import subprocess
 import threading
 import time
@@ -130,18 +128,6 @@ def assert_error(response: httpx.Response, status: int, code: str | None = None)
     return body
 
 
-def crash(triton: TritonProcess) -> None:
-    """Triton dies at once (SIGKILL to its process group), as in a crash; the Python backend's shared
-    memory regions it leaves behind in /dev/shm are removed."""
-    maps = Path(f"/proc/{triton.process.pid}/maps").read_text().splitlines()
-    regions = {line.split()[-1] for line in maps if "/dev/shm/triton_python_backend" in line}
-    os.killpg(triton.process.pid, signal.SIGKILL)
-    triton.process.wait()
-    for region in regions:
-        with contextlib.suppress(OSError):
-            Path(region).unlink()
-
-
 def health_status(address: str) -> str:
     with grpc.insecure_channel(address) as channel:
         try:
@@ -244,7 +230,7 @@ def test_triton_stopped_under_load_then_back_with_no_service_restart(private: Pr
     with Load(stack.edge_url) as load, httpx.Client(base_url=stack.edge_url, timeout=30) as http:
         wait_until(lambda: load.ok_since(0) == {"embed", "chat"}, 20, "requests to succeed")
         stopping = time.monotonic()
-        crash(triton)
+        triton.kill()
         stopped = time.monotonic()
         # The services under load notice at their next Triton call; the idle one at its next poll (5 s).
         wait_until(lambda: all(health_status(stack.service_address(name)) == "NOT_SERVING"
