@@ -11,13 +11,12 @@ rotation for being busy. Here only the inference methods count (not ListModels),
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection
-from typing import Any
+from collections.abc import Awaitable, Callable, Collection
 
 import grpc
 
 from services.common.errors import CODE_KEY
+from services.common.interceptors import around, method_of
 
 OVERLOADED = "overloaded"
 _NOT_COUNTED = frozenset({"ListModels"})
@@ -43,28 +42,23 @@ class Admission:
     def leave(self) -> None:
         self.in_flight -= 1
 
+    def slot(self, context: grpc.aio.ServicerContext) -> _Slot:
+        return _Slot(self, context)
 
-def _bounded(behavior: Callable[..., Any], admission: Admission) -> Callable[..., Any]:
-    if inspect.isasyncgenfunction(behavior):
 
-        async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-            await admission.enter(context)
-            try:
-                async for response in behavior(request, context):
-                    yield response
-            finally:
-                admission.leave()
+class _Slot:
+    """One admitted RPC: taken on entry (or refused), given back on exit."""
 
-        return stream
+    __slots__ = ("admission", "context")
 
-    async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        await admission.enter(context)
-        try:
-            return await behavior(request, context)
-        finally:
-            admission.leave()
+    def __init__(self, admission: Admission, context: grpc.aio.ServicerContext) -> None:
+        self.admission, self.context = admission, context
 
-    return unary
+    async def __aenter__(self) -> None:
+        await self.admission.enter(self.context)
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.admission.leave()
 
 
 class AdmissionInterceptor(grpc.aio.ServerInterceptor):
@@ -81,11 +75,7 @@ class AdmissionInterceptor(grpc.aio.ServerInterceptor):
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
         handler = await continuation(handler_call_details)
-        service, _, method = handler_call_details.method.lstrip("/").rpartition("/")
+        service, method = method_of(handler_call_details)
         if handler is None or service not in self.services or method in _NOT_COUNTED or handler.request_streaming:
             return handler
-        factory: Callable[..., grpc.RpcMethodHandler] = (
-            grpc.unary_stream_rpc_method_handler if handler.response_streaming else grpc.unary_unary_rpc_method_handler)
-        behavior = getattr(handler, "unary_stream" if handler.response_streaming else "unary_unary")
-        return factory(_bounded(behavior, self.admission), request_deserializer=handler.request_deserializer,
-                       response_serializer=handler.response_serializer)
+        return around(handler, self.admission.slot)

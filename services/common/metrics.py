@@ -8,15 +8,16 @@ HTTP on TRITONGATE_METRICS_PORT (`--metrics-port`; 0 = off)."""
 from __future__ import annotations
 
 import asyncio
-import inspect
+import functools
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 import grpc
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
+from services.common.interceptors import around, kind_of, method_of
 from tritongate.logs import NO_REQUEST, REQUEST_ID_HEADER, bind_request_id, sane_request_id
 
 _LABELS = ("grpc_service", "grpc_method", "grpc_type")
@@ -45,48 +46,24 @@ def _code(context: grpc.aio.ServicerContext, error: BaseException | None) -> grp
 
 
 class _Rpc:
-    """Records one RPC: started and in flight on entry; handled, code and latency on exit."""
+    """Around one RPC: binds the caller's request id (each RPC runs in its own task, so it is that RPC's
+    alone); counts it started and in flight on entry, handled with its code and latency on exit."""
 
-    def __init__(self, labels: tuple[str, str, str], context: grpc.aio.ServicerContext) -> None:
-        self.labels, self.context = labels, context
+    __slots__ = ("context", "labels", "request_id", "start")
 
-    def __enter__(self) -> None:
+    def __init__(self, labels: tuple[str, str, str], request_id: str, context: grpc.aio.ServicerContext) -> None:
+        self.labels, self.request_id, self.context = labels, request_id, context
+
+    async def __aenter__(self) -> None:
+        bind_request_id(self.request_id)
         self.start = time.perf_counter()
         STARTED.labels(*self.labels).inc()
         IN_FLIGHT.labels(*self.labels).inc()
 
-    def __exit__(self, kind: object, error: BaseException | None, traceback: object) -> None:
+    async def __aexit__(self, kind: object, error: BaseException | None, traceback: object) -> None:
         IN_FLIGHT.labels(*self.labels).dec()
         HANDLED.labels(*self.labels, _code(self.context, error).name).inc()
         LATENCY.labels(*self.labels).observe(time.perf_counter() - self.start)
-
-
-def _wrap(behavior: Callable[..., Any], labels: tuple[str, str, str], request_id: str) -> Callable[..., Any]:
-    # Each RPC runs in its own task, so the request id set here is that RPC's alone.
-    if inspect.isasyncgenfunction(behavior):
-
-        async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-            bind_request_id(request_id)
-            with _Rpc(labels, context):
-                async for response in behavior(request, context):
-                    yield response
-
-        return stream
-
-    async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        bind_request_id(request_id)
-        with _Rpc(labels, context):
-            return await behavior(request, context)
-
-    return unary
-
-
-_FACTORIES = {
-    (False, False): ("unary", "unary_unary", grpc.unary_unary_rpc_method_handler),
-    (False, True): ("server_stream", "unary_stream", grpc.unary_stream_rpc_method_handler),
-    (True, False): ("client_stream", "stream_unary", grpc.stream_unary_rpc_method_handler),
-    (True, True): ("bidi_stream", "stream_stream", grpc.stream_stream_rpc_method_handler),
-}
 
 
 def _request_id(metadata: Sequence[tuple[str, Any]] | None) -> str:
@@ -105,12 +82,9 @@ class MetricsInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(handler_call_details)
         if handler is None:  # unknown method: gRPC answers UNIMPLEMENTED itself
             return handler
-        service, _, method = handler_call_details.method.lstrip("/").rpartition("/")
-        kind, attribute, factory = _FACTORIES[(handler.request_streaming, handler.response_streaming)]
-        behavior = _wrap(getattr(handler, attribute), (service, method, kind),
-                         _request_id(handler_call_details.invocation_metadata))
-        return factory(behavior, request_deserializer=handler.request_deserializer,
-                       response_serializer=handler.response_serializer)
+        labels = (*method_of(handler_call_details), kind_of(handler))
+        request_id = _request_id(handler_call_details.invocation_metadata)
+        return around(handler, functools.partial(_Rpc, labels, request_id))
 
 
 @contextmanager
