@@ -47,12 +47,8 @@ def private_stack(sections: dict[str, list[dict[str, Any]]], triton_models: list
             edge_port=free_port(), llm_port=free_port(), embed_port=free_port(), rerank_port=free_port(),
             uvicorn_log_level="warning",
         )
-        stack = LocalStack(settings, log_dir=root / "logs")
-        try:
-            stack.start()
+        with LocalStack(settings, log_dir=root / "logs") as stack:
             yield stack
-        finally:
-            stack.stop()
 
 
 def summarize(latencies: list[float], elapsed: float, items_per_request: int) -> dict[str, float]:

@@ -104,13 +104,9 @@ def _spawn(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[
 def stack(triton: TritonProcess, model_config_file: Path, tmp_path_factory: pytest.TempPathFactory
           ) -> Iterator[LocalStack]:
     """The services and the edge on the session's Triton; logs under the pytest temp folder."""
-    local = LocalStack(stack_settings(model_config_file), triton=triton, log_dir=tmp_path_factory.mktemp("logs"),
-                       metrics_ports={name: free_port() for name in ("llm", "embed", "rerank")})
-    try:
-        local.start()
+    with LocalStack(stack_settings(model_config_file), triton=triton, log_dir=tmp_path_factory.mktemp("logs"),
+                    metrics_ports={name: free_port() for name in ("llm", "embed", "rerank")}) as local:
         yield local
-    finally:
-        local.stop()
 
 
 @pytest.fixture(scope="session")

@@ -150,6 +150,18 @@ class LocalStack:
                       s.triton_start_timeout_s, cancelled)
         self.wait("the edge", lambda: http_ok(f"{self.edge_url}/health"), 120, cancelled)
 
+    def __enter__(self) -> LocalStack:
+        """Started; stopped again if it fails to start (nothing is left running either way)."""
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
     def stop(self) -> None:
         """SIGTERM in reverse order (edge first), wait for the drain, then stop Triton."""
         for _, process in reversed(self.children):

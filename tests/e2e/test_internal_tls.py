@@ -35,12 +35,8 @@ def tls_stack(triton: TritonProcess, model_config_file: Path, tmp_path_factory: 
     pem = tmp / "server.pem"
     settings = stack_settings(embed_only, api_key=KEY, grpc_tls_cert=pem, grpc_tls_key=pem,
                               grpc_tls_ca=tmp / "ca.pem", grpc_tls_server_name=NAME)
-    local = LocalStack(settings, triton=triton, log_dir=tmp / "logs")
-    try:
-        local.start()
+    with LocalStack(settings, triton=triton, log_dir=tmp / "logs") as local:
         yield local
-    finally:
-        local.stop()
 
 
 def test_requests_cross_the_tls_channel(tls_stack: LocalStack) -> None:

@@ -41,13 +41,9 @@ def bounded(triton: TritonProcess, model_config_file: Path, tmp_path_factory: py
     config["llm"][0].update(LIMITS)
     path = tmp_path_factory.mktemp("overload") / "model_config.json"
     path.write_text(json.dumps(config))
-    local = LocalStack(stack_settings(path), triton=triton, log_dir=path.parent / "logs",
-                       extra_env={"TRITONGATE_MAX_IN_FLIGHT": str(MAX_IN_FLIGHT)})
-    try:
-        local.start()
+    with LocalStack(stack_settings(path), triton=triton, log_dir=path.parent / "logs",
+                    extra_env={"TRITONGATE_MAX_IN_FLIGHT": str(MAX_IN_FLIGHT)}) as local:
         yield local
-    finally:
-        local.stop()
 
 
 def rss_bytes(pid: int) -> int:
