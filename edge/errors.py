@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from services.common.errors import CODE_KEY, PARAM_KEY
+from tritongate.logs import REQUEST_ID, REQUEST_ID_HEADER
 
 log = logging.getLogger(__name__)
 
@@ -131,4 +132,6 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
         log.exception("unexpected error")
-        return OpenAIError(500, "The server had an error while processing your request.").response()
+        # Starlette answers this one outside every middleware, so the request id is added here.
+        return OpenAIError(500, "The server had an error while processing your request.",
+                           headers={REQUEST_ID_HEADER: REQUEST_ID.get()}).response()

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import grpc
+import httpx
 import pytest
+from fastapi import FastAPI
 
-from edge.errors import GRPC_TO_HTTP, OpenAIError, from_grpc
+from edge.errors import GRPC_TO_HTTP, OpenAIError, from_grpc, install_error_handlers
+from edge.metrics import install_metrics
 
 
 class FakeRpcError(grpc.aio.AioRpcError):
@@ -54,3 +57,23 @@ def test_an_overloaded_service_is_a_429_that_says_when_to_retry() -> None:
     assert error.body()["error"] == {"message": "at its limit of 4 concurrent requests", "type": "rate_limit_error",
                                      "param": None, "code": "overloaded"}
     assert "retry-after" not in from_grpc(FakeRpcError(grpc.StatusCode.UNAVAILABLE, "x"), "llm").response().headers
+
+
+async def test_an_unexpected_failure_is_a_500_that_tells_nothing_but_carries_the_request_id(
+        caplog: pytest.LogCaptureFixture) -> None:
+    app = FastAPI()
+    install_error_handlers(app)
+
+    @app.get("/boom")
+    async def boom() -> None:
+        raise RuntimeError("secret internals")
+
+    install_metrics(app)  # the per-request middleware that sets the request id, as in the edge
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://edge") as client:
+        response = await client.get("/boom", headers={"X-Request-ID": "req-500"})
+    assert response.status_code == 500
+    assert response.headers["x-request-id"] == "req-500"
+    assert response.json() == {"error": {"message": "The server had an error while processing your request.",
+                                         "type": "server_error", "param": None, "code": None}}
+    assert "secret internals" in caplog.text and "secret internals" not in response.text
