@@ -131,6 +131,7 @@ def test_metrics_after_embeddings_a_chat_stream_and_a_rerank(http: httpx.Client,
         (RERANK, "prompt"): reranked["usage"]["prompt_tokens"], (RERANK, "completion"): 0}
     assert min(chat_usage["completion_tokens"], embedded["usage"]["prompt_tokens"]) > 0
     assert value(after["edge"], "http_requests_in_progress", method="POST") == 0
+    assert grew("edge", "http_requests_total", route="/metrics", model="", status="200") == 1  # the first scrape
 
     # Services: RPCs by method and code, Triton call latency by model and outcome, rows per Triton call.
     assert grew("embed", "grpc_server_handled_total", grpc_method="Embed", grpc_code="OK") == 1
