@@ -118,7 +118,7 @@ def sampling(request: llm_pb2.GenerateRequest, defaults: Defaults, backend: LlmB
     repetition = request.repetition_penalty if request.HasField("repetition_penalty") else \
         defaults.repetition_penalty if defaults.repetition_penalty is not None else 1.0
     if not (math.isfinite(repetition) and repetition > 0):
-        raise invalid_argument(f"`repetition_penalty` must be greater than 0; got {repetition:g}.",
+        raise invalid_argument(f"`repetition_penalty` must be a finite number greater than 0; got {repetition:g}.",
                                "repetition_penalty")
     if repetition != 1.0:
         _require(backend, "repetition_penalty", "repetition_penalty", model)

@@ -96,6 +96,7 @@ def test_logit_bias_bans_become_bad_words() -> None:
     ("temperature", {"temperature": float("nan")}),
     ("top_p", {"top_p": 1.5}),
     ("repetition_penalty", {"repetition_penalty": 0}),
+    ("repetition_penalty", {"repetition_penalty": float("inf")}),  # e.g. 1e300 sent as float32
     ("presence_penalty", {"presence_penalty": 3}),
     ("stop", {"stop": ["a", "b", "c", "d", "e"]}),
     ("stop", {"stop": [""]}),
@@ -172,3 +173,7 @@ def test_configured_limits_of_n_and_max_tokens_name_the_limit() -> None:
     with pytest.raises(ServiceError) as info:
         max_new_tokens(llm_pb2.GenerateRequest(max_tokens=51), 30, 100, "prompt", cap=50)
     assert info.value.param == "max_tokens" and "at most 50 tokens" in info.value.message
+
+
+def test_an_infinite_repetition_penalty_is_refused_as_not_finite() -> None:
+    assert "finite number greater than 0; got inf" in refused("repetition_penalty", repetition_penalty=float("inf"))
