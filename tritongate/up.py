@@ -11,18 +11,14 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-
 from tritongate.config import ModelConfig, load_model_config
+from tritongate.healthcheck import probe
 from tritongate.settings import Settings
-from tritongate.tls import ClientTls, client_tls, server_credentials, sync_channel
+from tritongate.tls import ClientTls, client_tls, server_credentials
 from tritongate.triton_local import TritonError, TritonProcess, start_triton
 
 SERVICE_SECTIONS = {"llm": "llm", "embed": "embedding", "rerank": "rerank"}
@@ -34,20 +30,11 @@ def say(message: str) -> None:
 
 def grpc_serving(address: str, tls: ClientTls | None = None) -> bool:
     """True when the gRPC health service at `address` answers SERVING."""
-    with sync_channel(address, tls) as channel:
-        try:
-            response = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=1)
-        except grpc.RpcError:
-            return False
-    return bool(response.status == health_pb2.HealthCheckResponse.SERVING)
+    return probe(address, 1.0, tls)[0]
 
 
 def http_ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=1) as response:
-            return bool(response.status == 200)
-    except (urllib.error.URLError, OSError):
-        return False
+    return probe(url, 1.0)[0]
 
 
 @dataclass

@@ -20,14 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import grpc
 import httpx
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.conftest import TESTS, LocalStack, _spawn, free_port, stack_settings, wait_until
 from tests.e2e.streams import parse_events
 from tests.openai_schema import validate
+from tritongate.healthcheck import probe
 from tritongate.settings import DEPLOY_DIR, default_cache_dir
 from tritongate.triton_local import TritonProcess, start_triton
 from tritongate.up import grpc_serving, http_ok
@@ -129,12 +128,8 @@ def assert_error(response: httpx.Response, status: int, code: str | None = None)
 
 
 def health_status(address: str) -> str:
-    with grpc.insecure_channel(address) as channel:
-        try:
-            response = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=1)
-        except grpc.RpcError:
-            return "UNREACHABLE"
-    return str(health_pb2.HealthCheckResponse.ServingStatus.Name(response.status))
+    """SERVING, NOT_SERVING, or "unreachable: <code>"."""
+    return probe(address, 1.0)[1]
 
 
 def test_a_deadline_is_a_504_and_cancels_the_triton_request(private: Private) -> None:
