@@ -14,7 +14,8 @@ import uuid
 from collections.abc import Callable
 from contextvars import ContextVar
 
-REQUEST_ID_HEADER = "x-request-id"  # HTTP header and gRPC metadata key alike
+from tritongate.wire import REQUEST_ID_KEY
+
 MAX_REQUEST_ID = 128
 NO_REQUEST = "-"
 
@@ -48,7 +49,7 @@ def on_bind(callback: Callable[[str], None]) -> None:
 
 def request_metadata() -> tuple[tuple[str, str], ...]:
     """gRPC metadata that carries the current request id to a service."""
-    return ((REQUEST_ID_HEADER, REQUEST_ID.get()),)
+    return ((REQUEST_ID_KEY, REQUEST_ID.get()),)
 
 
 class RequestIdFilter(logging.Filter):

@@ -12,6 +12,8 @@ from pathlib import Path
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from tritongate.registry import EMBED, LLM, RERANK, ServiceInfo
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEPLOY_DIR = REPO_ROOT / "deploy"
 
@@ -36,9 +38,11 @@ class Settings(BaseSettings):
     # Edge.
     edge_host: str = "127.0.0.1"
     edge_port: int = 5100
-    llm_target: str = "127.0.0.1:50051"
-    embed_target: str = "127.0.0.1:50052"
-    rerank_target: str = "127.0.0.1:50053"
+    # gRPC target of each service (one pair of fields per entry of tritongate/registry.py; read them with
+    # `target()` and `port()`).
+    llm_target: str = f"127.0.0.1:{LLM.default_port}"
+    embed_target: str = f"127.0.0.1:{EMBED.default_port}"
+    rerank_target: str = f"127.0.0.1:{RERANK.default_port}"
     request_timeout_s: float = Field(600.0, description="Deadline for one generation request")
     unary_timeout_s: float = Field(60.0, description="Deadline for one embed or rerank request")
     list_models_timeout_s: float = 2.0
@@ -60,9 +64,9 @@ class Settings(BaseSettings):
 
     # Services.
     service_host: str = "127.0.0.1"
-    llm_port: int = 50051
-    embed_port: int = 50052
-    rerank_port: int = 50053
+    llm_port: int = LLM.default_port
+    embed_port: int = EMBED.default_port
+    rerank_port: int = RERANK.default_port
     # Clients reconnect (and find new replicas) at least this often; streams get `shutdown_grace_s`.
     max_connection_age_ms: int = 30_000
     shutdown_grace_s: float = 30.0
@@ -86,6 +90,18 @@ class Settings(BaseSettings):
     log_json: bool = False  # one JSON object per log line
     # OpenTelemetry tracing (the `otel` extra); the exporter follows the standard OTEL_* variables.
     otel: bool = False
+
+    def port(self, service: ServiceInfo | str) -> int:
+        """The port `service` listens on (TRITONGATE_<NAME>_PORT)."""
+        return int(getattr(self, f"{_name(service)}_port"))
+
+    def target(self, service: ServiceInfo | str) -> str:
+        """The gRPC target the edge calls `service` at (TRITONGATE_<NAME>_TARGET)."""
+        return str(getattr(self, f"{_name(service)}_target"))
+
+
+def _name(service: ServiceInfo | str) -> str:
+    return service if isinstance(service, str) else service.name
 
 
 @cache

@@ -7,6 +7,7 @@ from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -17,6 +18,34 @@ else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class _ModelKind:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ModelKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ModelKind.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    MODEL_KIND_UNSPECIFIED: _ModelKind.ValueType  # 0
+    """Never sent."""
+    MODEL_KIND_LLM: _ModelKind.ValueType  # 1
+    """Chat and completions (the llm service)."""
+    MODEL_KIND_EMBEDDING: _ModelKind.ValueType  # 2
+    """Embeddings (the embed service)."""
+    MODEL_KIND_RERANK: _ModelKind.ValueType  # 3
+    """Rerank (the rerank service)."""
+
+class ModelKind(_ModelKind, metaclass=_ModelKindEnumTypeWrapper):
+    """What a model does; each kind is served by one service (tritongate/registry.py)."""
+
+MODEL_KIND_UNSPECIFIED: ModelKind.ValueType  # 0
+"""Never sent."""
+MODEL_KIND_LLM: ModelKind.ValueType  # 1
+"""Chat and completions (the llm service)."""
+MODEL_KIND_EMBEDDING: ModelKind.ValueType  # 2
+"""Embeddings (the embed service)."""
+MODEL_KIND_RERANK: ModelKind.ValueType  # 3
+"""Rerank (the rerank service)."""
+Global___ModelKind: _TypeAlias = ModelKind  # noqa: Y015
 
 @_typing.final
 class ListModelsRequest(_message.Message):
@@ -49,8 +78,8 @@ class ModelCard(_message.Message):
     DIMENSIONS_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     """Public model id, the `model` field of OpenAI requests."""
-    kind: _builtins.str
-    """What the model does: "llm", "embedding" or "rerank"."""
+    kind: Global___ModelKind.ValueType
+    """What the model does."""
     created: _builtins.int
     """Unix time (seconds) when the service loaded the model."""
     max_model_len: _builtins.int
@@ -63,7 +92,7 @@ class ModelCard(_message.Message):
         self,
         *,
         id: _builtins.str = ...,
-        kind: _builtins.str = ...,
+        kind: Global___ModelKind.ValueType = ...,
         created: _builtins.int = ...,
         max_model_len: _builtins.int = ...,
         triton_model: _builtins.str = ...,

@@ -129,7 +129,11 @@ Global___Prompts: _TypeAlias = Prompts  # noqa: Y015
 
 @_typing.final
 class GenerateRequest(_message.Message):
-    """What to generate from, and how to sample."""
+    """What to generate from, and how to sample.
+
+    The client's request id travels in the `x-request-id` metadata, as on every RPC; the service sends
+    "<request id>-<choice>" to Triton as the request id of each completion.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -171,7 +175,6 @@ class GenerateRequest(_message.Message):
     TOP_LOGPROBS_FIELD_NUMBER: _builtins.int
     ECHO_FIELD_NUMBER: _builtins.int
     DO_SAMPLE_FIELD_NUMBER: _builtins.int
-    REQUEST_ID_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     """Public model id."""
     n: _builtins.int
@@ -200,10 +203,6 @@ class GenerateRequest(_message.Message):
     """Send the prompt text back before the completion (completions `echo`)."""
     do_sample: _builtins.bool
     """false forces greedy decoding whatever the temperature."""
-    request_id: _builtins.str
-    """The client's request id (the edge's X-Request-ID), for logs; the service sends "<request_id>-<choice>"
-    to Triton as the request id of each completion.
-    """
     @_builtins.property
     def prompts(self) -> Global___Prompts:
         """One or more prompts (completions)."""
@@ -241,11 +240,10 @@ class GenerateRequest(_message.Message):
         top_logprobs: _builtins.int = ...,
         echo: _builtins.bool = ...,
         do_sample: _builtins.bool | None = ...,
-        request_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_do_sample", b"_do_sample", "_frequency_penalty", b"_frequency_penalty", "_max_tokens", b"_max_tokens", "_presence_penalty", b"_presence_penalty", "_repetition_penalty", b"_repetition_penalty", "_seed", b"_seed", "_temperature", b"_temperature", "_top_k", b"_top_k", "_top_p", b"_top_p", "chat", b"chat", "do_sample", b"do_sample", "frequency_penalty", b"frequency_penalty", "input", b"input", "max_tokens", b"max_tokens", "presence_penalty", b"presence_penalty", "prompts", b"prompts", "repetition_penalty", b"repetition_penalty", "seed", b"seed", "temperature", b"temperature", "top_k", b"top_k", "top_p", b"top_p"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_do_sample", b"_do_sample", "_frequency_penalty", b"_frequency_penalty", "_max_tokens", b"_max_tokens", "_presence_penalty", b"_presence_penalty", "_repetition_penalty", b"_repetition_penalty", "_seed", b"_seed", "_temperature", b"_temperature", "_top_k", b"_top_k", "_top_p", b"_top_p", "chat", b"chat", "do_sample", b"do_sample", "echo", b"echo", "frequency_penalty", b"frequency_penalty", "input", b"input", "logit_bias", b"logit_bias", "logprobs", b"logprobs", "max_tokens", b"max_tokens", "model", b"model", "n", b"n", "presence_penalty", b"presence_penalty", "prompts", b"prompts", "repetition_penalty", b"repetition_penalty", "request_id", b"request_id", "seed", b"seed", "stop", b"stop", "temperature", b"temperature", "top_k", b"top_k", "top_logprobs", b"top_logprobs", "top_p", b"top_p"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_do_sample", b"_do_sample", "_frequency_penalty", b"_frequency_penalty", "_max_tokens", b"_max_tokens", "_presence_penalty", b"_presence_penalty", "_repetition_penalty", b"_repetition_penalty", "_seed", b"_seed", "_temperature", b"_temperature", "_top_k", b"_top_k", "_top_p", b"_top_p", "chat", b"chat", "do_sample", b"do_sample", "echo", b"echo", "frequency_penalty", b"frequency_penalty", "input", b"input", "logit_bias", b"logit_bias", "logprobs", b"logprobs", "max_tokens", b"max_tokens", "model", b"model", "n", b"n", "presence_penalty", b"presence_penalty", "prompts", b"prompts", "repetition_penalty", b"repetition_penalty", "seed", b"seed", "stop", b"stop", "temperature", b"temperature", "top_k", b"top_k", "top_logprobs", b"top_logprobs", "top_p", b"top_p"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__do_sample: _TypeAlias = _typing.Literal["do_sample"]  # noqa: Y015
     _WhichOneofArgType__do_sample: _TypeAlias = _typing.Literal["_do_sample", b"_do_sample"]  # noqa: Y015
