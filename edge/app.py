@@ -9,11 +9,11 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from edge.auth import install_auth
-from edge.clients import ModelDirectory, open_backends
+from edge.clients import ServiceClients
 from edge.errors import install_error_handlers
 from edge.limits import BodySizeLimit
-from edge.metrics import install_metrics
 from edge.routers import chat, completions, embeddings, health, models, rerank
+from edge.telemetry import install_metrics
 from tritongate.settings import Settings, get_settings
 from tritongate.tls import client_tls
 
@@ -26,15 +26,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        backends = open_backends(settings)
+        # Read only through the typed dependencies of edge/deps.py.
         app.state.settings = settings
-        app.state.backends = backends
-        app.state.directory = ModelDirectory(backends, timeout=settings.list_models_timeout_s)
+        app.state.clients = clients = ServiceClients.open(settings)
         try:
             yield
         finally:
-            for backend in backends.values():
-                await backend.channel.close(None)
+            await clients.close()
 
     app = FastAPI(
         title="tritongate",

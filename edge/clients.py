@@ -1,5 +1,8 @@
-"""gRPC channels to the services and the model directory that routes requests by model id.
+"""The edge's side of every gRPC call: channels, one typed client per service, and the model directory.
 
+Every call goes through a `ServiceClient`: it checks that the model is one of its service's (the
+directory), sends the request id in the metadata, maps a failure to an OpenAI error (edge/errors.py),
+and records the model and the usage on the request's Exchange for the metrics and the access log.
 Channels balance over every address the target resolves to (round_robin), re-resolve DNS often so new
 replicas are found, and retry idempotent calls on UNAVAILABLE. The app's lifespan owns them.
 """
@@ -10,28 +13,37 @@ import asyncio
 import json
 import logging
 import time
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import grpc
 
 from edge.errors import OpenAIError, bad_request, from_grpc, model_not_found
-from edge.metrics import current
-from services.common.triton import MAX_MESSAGE_BYTES
+from edge.telemetry import TokenTimer, current
 from tritongate.common.v1 import common_pb2
-from tritongate.embed.v1 import embed_pb2_grpc
-from tritongate.llm.v1 import llm_pb2_grpc
+from tritongate.embed.v1 import embed_pb2
+from tritongate.llm.v1 import llm_pb2
 from tritongate.logs import request_metadata
-from tritongate.rerank.v1 import rerank_pb2_grpc
+from tritongate.registry import BY_KIND, EMBED, LLM, RERANK, ServiceInfo
+from tritongate.rerank.v1 import rerank_pb2
 from tritongate.settings import Settings
 from tritongate.tls import ClientTls, client_tls
+from tritongate.wire import MAX_MESSAGE_BYTES
+
+if TYPE_CHECKING:
+    from tritongate.embed.v1.embed_pb2_grpc import EmbedServiceAsyncStub
+    from tritongate.llm.v1.llm_pb2_grpc import LlmServiceAsyncStub
+    from tritongate.rerank.v1.rerank_pb2_grpc import RerankServiceAsyncStub
 
 log = logging.getLogger(__name__)
 
-KINDS = {"llm": "chat/completions", "embedding": "embeddings", "rerank": "rerank"}
+R = TypeVar("R")
+C = TypeVar("C", bound="ServiceClient")
+EOF_: Any = grpc.aio.EOF  # type: ignore[attr-defined]  # (missing from grpc-stubs)
 
 
-def _service_config(service: str, idempotent: list[str]) -> str:
+def _service_config(service: ServiceInfo) -> str:
     retry = {
         "maxAttempts": 4,
         "initialBackoff": "0.05s",
@@ -41,16 +53,15 @@ def _service_config(service: str, idempotent: list[str]) -> str:
     }
     return json.dumps({
         "loadBalancingConfig": [{"round_robin": {}}],
-        "methodConfig": [{"name": [{"service": service, "method": m} for m in idempotent],
+        "methodConfig": [{"name": [{"service": service.grpc_service, "method": m} for m in service.idempotent],
                           "retryPolicy": retry}],
     })
 
 
-def open_channel(target: str, service: str, idempotent: list[str], tls: ClientTls | None = None
-                 ) -> grpc.aio.Channel:
+def open_channel(target: str, service: ServiceInfo, tls: ClientTls | None = None) -> grpc.aio.Channel:
     """A channel to one service; over TLS when `tls` is given."""
     options: list[tuple[str, Any]] = [
-        ("grpc.service_config", _service_config(service, idempotent)),
+        ("grpc.service_config", _service_config(service)),
         ("grpc.enable_retries", 1),
         ("grpc.dns_min_time_between_resolutions_ms", 1000),
         # A request larger than this is not kept for a retry (default 256 KiB: a big embedding batch).
@@ -69,51 +80,140 @@ def open_channel(target: str, service: str, idempotent: list[str], tls: ClientTl
     return grpc.aio.insecure_channel(target, options=options)
 
 
-@dataclass
-class Backend:
-    """One service as the edge sees it."""
+class ServiceClient:
+    """One service as the edge sees it: the calls every service has, and the one way to make a call."""
 
-    kind: str
-    name: str
-    channel: grpc.aio.Channel
-    stub: Any
-    retry_after_s: int = 1  # what a 429 from this service tells the client
+    service: ClassVar[ServiceInfo]
+    stub: Any  # the service's generated stub; each subclass declares its type
+
+    def __init__(self, channel: grpc.aio.Channel, directory: ModelDirectory, timeout: float,
+                 retry_after_s: int = 1) -> None:
+        self.channel = channel
+        self.stub = self.service.stub(channel)
+        self.directory = directory
+        self.timeout = timeout  # each call's deadline
+        self.retry_after_s = retry_after_s  # what a 429 from this service tells the client
+        directory.clients.append(self)
+
+    def failure(self, error: grpc.aio.AioRpcError) -> OpenAIError:
+        return from_grpc(error, self.service.name, self.retry_after_s)
 
     async def list_models(self, timeout: float) -> list[common_pb2.ModelCard]:
         response = await self.stub.ListModels(common_pb2.ListModelsRequest(), timeout=timeout,
                                               metadata=request_metadata())
         return list(response.models)
 
+    async def _route(self, model: str) -> None:
+        """404 unless one of this service's models; the model labels the request's metrics from here on."""
+        await self.directory.route(model, self.service)
+        current().model = model
 
-@dataclass
+    async def _unary(self, method: Callable[..., Awaitable[R]], request: Any) -> R:
+        """Route `request.model`, make the call, map its failure, record its usage."""
+        await self._route(request.model)
+        try:
+            response = await method(request, timeout=self.timeout, metadata=request_metadata())
+        except grpc.aio.AioRpcError as exc:
+            raise self.failure(exc) from None
+        current().record_usage(response.usage)  # type: ignore[attr-defined]
+        return response
+
+
+class EmbedClient(ServiceClient):
+    service = EMBED
+    stub: EmbedServiceAsyncStub
+
+    async def embed(self, request: embed_pb2.EmbedRequest) -> embed_pb2.EmbedResponse:
+        return await self._unary(self.stub.Embed, request)
+
+
+class RerankClient(ServiceClient):
+    service = RERANK
+    stub: RerankServiceAsyncStub
+
+    async def rerank(self, request: rerank_pb2.RerankRequest) -> rerank_pb2.RerankResponse:
+        return await self._unary(self.stub.Rerank, request)
+
+
+class LlmClient(ServiceClient):
+    service = LLM
+    stub: LlmServiceAsyncStub
+
+    async def generate(self, request: llm_pb2.GenerateRequest) -> Generation:
+        """Start a Generate stream (nothing is read yet)."""
+        await self._route(request.model)
+        call = self.stub.Generate(request, timeout=self.timeout, metadata=request_metadata())
+        return Generation(call, self)
+
+
+class Generation:
+    """One Generate stream: `accepted()` first (until then, a failure is an ordinary HTTP error with the
+    right status), then `deltas()`. The usage that closes the stream goes on the Exchange."""
+
+    def __init__(self, call: Any, client: LlmClient) -> None:
+        self.call = call  # grpc.aio.UnaryStreamCall[GenerateRequest, GenerateResponse]
+        self.client = client
+        self.usage = common_pb2.Usage()
+
+    async def _next(self) -> llm_pb2.GenerateResponse | None:
+        """The next message; None at the end of the stream; an OpenAIError on failure."""
+        try:
+            message = await self.call.read()
+        except grpc.aio.AioRpcError as exc:
+            raise self.client.failure(exc) from None
+        return None if message is EOF_ else message
+
+    async def accepted(self) -> llm_pb2.Accepted:
+        first = await self._next()
+        if first is None or first.WhichOneof("event") != "accepted":
+            raise OpenAIError(500, f"The {self.client.service.name} service answered out of order; see its log.")
+        return first.accepted
+
+    async def deltas(self) -> AsyncIterator[llm_pb2.Delta]:
+        """The stream's deltas; then `usage` holds what the service reported."""
+        exchange = current()
+        timer = TokenTimer(exchange.model)
+        while (message := await self._next()) is not None:
+            if message.WhichOneof("event") == "usage":
+                self.usage.CopyFrom(message.usage)
+                exchange.record_usage(message.usage, completion=True)
+            else:
+                timer.tick()
+                yield message.delta
+
+    def cancel(self) -> None:
+        self.call.cancel()
+
+
 class ModelDirectory:
     """Which service serves which model id: the services' ListModels, merged, cached briefly."""
 
-    backends: dict[str, Backend]
-    timeout: float
-    ttl: float = 5.0
-    _cards: dict[str, tuple[common_pb2.ModelCard, Backend]] = field(default_factory=dict)
-    _fetched: float = 0.0
-    _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    _down: set[str] = field(default_factory=set)  # kinds whose service did not answer the last refresh
+    def __init__(self, timeout: float, ttl: float = 5.0) -> None:
+        self.clients: list[ServiceClient] = []  # each client adds itself
+        self.timeout = timeout
+        self.ttl = ttl
+        self._cards: dict[str, common_pb2.ModelCard] = {}
+        self._fetched = 0.0
+        self._lock = asyncio.Lock()
+        self._down: set[str] = set()  # services that did not answer the last refresh
 
-    async def refresh(self) -> dict[str, tuple[common_pb2.ModelCard, Backend]]:
+    async def refresh(self) -> dict[str, common_pb2.ModelCard]:
         """Ask every service concurrently; a service that is down or slow drops out."""
-        backends = list(self.backends.values())
-        results = await asyncio.gather(*(b.list_models(self.timeout) for b in backends), return_exceptions=True)
-        cards: dict[str, tuple[common_pb2.ModelCard, Backend]] = {}
-        self._down = {backend.kind for backend, result in zip(backends, results, strict=True)
-                      if isinstance(result, BaseException)}
-        for backend, result in zip(backends, results, strict=True):
+        clients = list(self.clients)
+        results = await asyncio.gather(*(c.list_models(self.timeout) for c in clients), return_exceptions=True)
+        cards: dict[str, common_pb2.ModelCard] = {}
+        self._down = set()
+        for client, result in zip(clients, results, strict=True):
             if isinstance(result, BaseException):
-                log.debug("%s service did not list its models: %s", backend.name, result)
+                self._down.add(client.service.name)
+                log.debug("%s service did not list its models: %s", client.service.name, result)
                 continue
             for card in result:
-                cards.setdefault(card.id, (card, backend))
+                cards.setdefault(card.id, card)
         self._cards, self._fetched = cards, time.monotonic()
         return cards
 
-    async def models(self, max_age: float | None = None) -> dict[str, tuple[common_pb2.ModelCard, Backend]]:
+    async def models(self, max_age: float | None = None) -> dict[str, common_pb2.ModelCard]:
         max_age = self.ttl if max_age is None else max_age
         if time.monotonic() - self._fetched > max_age:
             async with self._lock:
@@ -121,57 +221,59 @@ class ModelDirectory:
                     await self.refresh()
         return self._cards
 
-    async def find(self, model: str) -> tuple[common_pb2.ModelCard, Backend]:
+    async def of_kind(self, service: ServiceInfo) -> list[str]:
+        return [card.id for card in (await self.models()).values() if card.kind == service.kind]
+
+    async def find(self, model: str) -> common_pb2.ModelCard:
         found = (await self.models()).get(model) or (await self.models(max_age=0.5)).get(model)
         if found is None:
             raise model_not_found(model)
         return found
 
-    async def route(self, model: Any, kind: str) -> tuple[common_pb2.ModelCard, Backend]:
-        """The service for `model`, which must be of `kind`: 404 when unknown, 400 when of another kind,
-        503 when unknown while the service for `kind` is down (the model may well be one of its own)."""
+    async def route(self, model: Any, service: ServiceInfo) -> common_pb2.ModelCard:
+        """The card of `model`, which `service` must serve: 404 when unknown, 400 when another service's,
+        503 when unknown while `service` is down (the model may well be one of its own)."""
         if not isinstance(model, str) or not model:
             raise bad_request("`model` must be a non-empty string.", "model")
         try:
-            card, backend = await self.find(model)
+            card = await self.find(model)
         except OpenAIError:
-            if kind in self._down:
-                raise OpenAIError(503, f"The {self.backends[kind].name} service is unavailable; try again shortly.",
+            if service.name in self._down:
+                raise OpenAIError(503, f"The {service.name} service is unavailable; try again shortly.",
                                   code="service_unavailable") from None
             raise
-        if card.kind != kind:
-            raise bad_request(f"The model `{model}` is a {KINDS.get(card.kind, card.kind)} model and cannot "
-                              f"serve {KINDS[kind]} requests.", "model", "model_not_supported")
-        current().model = model
-        return card, backend
+        if card.kind != service.kind:
+            other = BY_KIND[card.kind].serves if card.kind in BY_KIND else "different"
+            raise bad_request(f"The model `{model}` is a {other} model and cannot serve {service.serves} requests.",
+                              "model", "model_not_supported")
+        return card
 
 
-async def call(backend: Backend, method: str, request: Any, timeout: float) -> Any:
-    """A unary call whose failure becomes an OpenAI error; the usage it reports goes to the access log."""
-    try:
-        response = await getattr(backend.stub, method)(request, timeout=timeout, metadata=request_metadata())
-    except grpc.aio.AioRpcError as exc:
-        raise from_grpc(exc, backend.name, backend.retry_after_s) from None
-    if "usage" in response.DESCRIPTOR.fields_by_name and response.HasField("usage"):
-        current().record_usage(response.usage)
-    return response
+@dataclass
+class ServiceClients:
+    """Every service's client and the directory they share; what the edge's lifespan opens and closes."""
 
+    directory: ModelDirectory
+    llm: LlmClient
+    embed: EmbedClient
+    rerank: RerankClient
 
-def open_backends(settings: Settings) -> dict[str, Backend]:
-    specs = [
-        ("llm", "llm", settings.llm_target, "tritongate.llm.v1.LlmService", llm_pb2_grpc.LlmServiceStub,
-         ["ListModels"]),
-        ("embedding", "embed", settings.embed_target, "tritongate.embed.v1.EmbedService",
-         embed_pb2_grpc.EmbedServiceStub, ["Embed", "ListModels"]),
-        ("rerank", "rerank", settings.rerank_target, "tritongate.rerank.v1.RerankService",
-         rerank_pb2_grpc.RerankServiceStub, ["Rerank", "ListModels"]),
-    ]
-    backends = {}
-    tls = client_tls(settings)
-    for kind, name, target, service, stub_class, idempotent in specs:
-        channel = open_channel(target, service, idempotent, tls)
-        backends[kind] = Backend(kind, name, channel, stub_class(channel), settings.retry_after_s)
-    return backends
+    @classmethod
+    def open(cls, settings: Settings) -> ServiceClients:
+        tls = client_tls(settings)
+        directory = ModelDirectory(timeout=settings.list_models_timeout_s)
 
+        def client(kind: type[C], timeout: float) -> C:
+            channel = open_channel(settings.target(kind.service), kind.service, tls)
+            return kind(channel, directory, timeout, settings.retry_after_s)
 
-__all__ = ["Backend", "ModelDirectory", "OpenAIError", "call", "open_backends"]
+        return cls(directory, client(LlmClient, settings.request_timeout_s),
+                   client(EmbedClient, settings.unary_timeout_s), client(RerankClient, settings.unary_timeout_s))
+
+    @property
+    def all(self) -> list[ServiceClient]:
+        return self.directory.clients
+
+    async def close(self) -> None:
+        for client in self.all:
+            await client.channel.close(None)

@@ -1,7 +1,8 @@
 """Every error the edge returns has OpenAI's shape: {"error": {"message", "type", "param", "code"}}.
 
-The one table below maps service gRPC codes to HTTP; the handlers turn validation failures, HTTP errors
-and anything unexpected into the same body. Nothing else in the edge builds an error response.
+The one table below maps service gRPC codes to HTTP; the handlers turn validation failures, a broken
+request rule (`ParamError`, raised by the endpoint modules), HTTP errors and anything unexpected into the
+same body. Nothing else in the edge builds an error response.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from services.common.errors import CODE_KEY, PARAM_KEY
-from tritongate.logs import REQUEST_ID, REQUEST_ID_HEADER
+from edge.endpoints.common import ParamError
+from tritongate.logs import REQUEST_ID
+from tritongate.wire import CODE_KEY, PARAM_KEY, REQUEST_ID_KEY
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +107,10 @@ def from_validation(exc: RequestValidationError) -> OpenAIError:
     if first.get("type") == "missing" and tuple(first.get("loc", ())) == ("body",):
         return bad_request("The request body is missing; send a JSON object.")
     param = _param(first.get("loc", ()))
+    context: Any = first.get("ctx") or {}
+    rule = context.get("error")
+    if isinstance(rule, ParamError) and param is None:  # a rule across fields names its own parameter
+        param = rule.param
     message = str(first.get("msg", "Invalid request"))
     if first.get("type") == "missing":
         message = f"Missing required parameter: '{param}'."
@@ -120,6 +126,10 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _openai(_: Request, exc: OpenAIError) -> JSONResponse:
         return exc.response()
 
+    @app.exception_handler(ParamError)
+    async def _rule(_: Request, exc: ParamError) -> JSONResponse:
+        return bad_request(exc.message, exc.param, exc.code).response()
+
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
         return from_validation(exc).response()
@@ -134,4 +144,4 @@ def install_error_handlers(app: FastAPI) -> None:
         log.exception("unexpected error")
         # Starlette answers this one outside every middleware, so the request id is added here.
         return OpenAIError(500, "The server had an error while processing your request.",
-                           headers={REQUEST_ID_HEADER: REQUEST_ID.get()}).response()
+                           headers={REQUEST_ID_KEY: REQUEST_ID.get()}).response()

@@ -1,5 +1,5 @@
-"""Logging for every process: the level (the seed's LOG_LEVEL, --verbose), plain or JSON lines, and the
-id of the request being served on every line.
+"""Logging for every process: the level (LOG_LEVEL, as in Denglin's openai_api; --verbose), plain or JSON
+lines, and the id of the request being served on every line.
 
 The edge takes the id from `X-Request-ID` (or makes one), passes it to the services in gRPC metadata
 (`x-request-id`), and they pass it on to Triton as the request id. `REQUEST_ID` holds it for the code
@@ -74,7 +74,7 @@ def formatter(json_lines: bool) -> logging.Formatter:
 
 
 def configure_logging(verbose: bool = False, json_lines: bool = False) -> None:
-    """Log level from the seed's LOG_LEVEL variable (default INFO); --verbose means DEBUG."""
+    """Log level from the LOG_LEVEL variable of Denglin's openai_api (default INFO); --verbose means DEBUG."""
     level = "DEBUG" if verbose else os.environ.get("LOG_LEVEL", "INFO").upper()
     # Our lines show no process or thread: skip collecting them (a third of a record's cost).
     logging.logProcesses = logging.logThreads = logging.logMultiprocessing = False

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 import grpc
 
@@ -18,7 +18,7 @@ from tritongate.embed.v1 import embed_pb2, embed_pb2_grpc
 from tritongate.llm.v1 import llm_pb2, llm_pb2_grpc
 from tritongate.rerank.v1 import rerank_pb2, rerank_pb2_grpc
 
-ModelKind = common_pb2.ModelKind.ValueType
+ModelKind: TypeAlias = common_pb2.ModelKind.ValueType
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ def default_models_dir() -> Path:
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TRITONGATE_", extra="ignore")
 
-    # The seed's model configuration file, read by the three services.
+    # The model configuration file (Denglin openai_api's model_config.json format), read by the services.
     config_file: Path = DEPLOY_DIR / "model_config.json"
     models_dir: Path = Field(default_factory=default_models_dir)
     cache_dir: Path = Field(default_factory=default_cache_dir)

@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Literal
 
 import grpc
-from fastapi import Request
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from pydantic import BaseModel
 
-from edge.routing import api_router
+from edge.api_router import api_router
+from edge.deps import ClientsDep
 
 router = api_router()
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+    services: dict[str, str]  # service name → serving, not_serving, unknown, service_unknown or unavailable
 
 
 async def _service_status(channel: grpc.aio.Channel) -> str:
@@ -22,8 +28,7 @@ async def _service_status(channel: grpc.aio.Channel) -> str:
     return str(health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)).lower()
 
 
-@router.get("/health", tags=["health"])
-async def health(request: Request) -> dict[str, Any]:
-    backends = request.app.state.backends
-    statuses = await asyncio.gather(*(_service_status(b.channel) for b in backends.values()))
-    return {"status": "ok", "services": {b.name: s for b, s in zip(backends.values(), statuses, strict=True)}}
+@router.get("/health", tags=["health"], response_model=Health)
+async def health(clients: ClientsDep) -> Health:
+    statuses = await asyncio.gather(*(_service_status(client.channel) for client in clients.all))
+    return Health(status="ok", services={c.service.name: s for c, s in zip(clients.all, statuses, strict=True)})

@@ -1,54 +1,25 @@
-"""GET /v1/models, GET /v1/models/{id}: the services' models, merged, in the seed's shape."""
+"""GET /v1/models, GET /v1/models/{id}: the services' models, merged (shapes in edge/endpoints/models.py)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from fastapi import Request
-
+from edge.api_router import api_router
+from edge.deps import DirectoryDep
+from edge.endpoints import models
 from edge.errors import model_not_found
-from edge.routing import api_router
-from tritongate.common.v1 import common_pb2
 
-router = api_router()
+router = api_router(tags=["models"])
 
 
-def model_object(card: common_pb2.ModelCard) -> dict[str, Any]:
-    """OpenAI's Model object plus the seed's (and vLLM's) root/parent/permission and max_model_len."""
-    return {
-        "id": card.id,
-        "object": "model",
-        "created": card.created,
-        "owned_by": "tritongate",
-        "root": card.id,
-        "parent": None,
-        "max_model_len": card.max_model_len or None,
-        "permission": [{
-            "id": f"modelperm-{card.id}",
-            "object": "model_permission",
-            "created": card.created,
-            "allow_create_engine": False,
-            "allow_sampling": card.kind == "llm",
-            "allow_logprobs": card.kind == "llm",
-            "allow_search_indices": False,
-            "allow_view": True,
-            "allow_fine_tuning": False,
-            "organization": "*",
-            "group": None,
-            "is_blocking": False,
-        }],
-    }
+@router.get("/v1/models", response_model=models.ListModelsResponse)
+async def list_models(directory: DirectoryDep) -> Any:
+    return models.model_list(list((await directory.models()).values()))
 
 
-@router.get("/v1/models", tags=["models"])
-async def list_models(request: Request) -> dict[str, Any]:
-    cards = await request.app.state.directory.models()
-    return {"object": "list", "data": [model_object(card) for card, _ in cards.values()]}
-
-
-@router.get("/v1/models/{model_id:path}", tags=["models"])
-async def retrieve_model(model_id: str, request: Request) -> dict[str, Any]:
-    models = await request.app.state.directory.models()
-    if model_id not in models:
+@router.get("/v1/models/{model_id:path}", response_model=models.Model)
+async def retrieve_model(model_id: str, directory: DirectoryDep) -> Any:
+    cards = await directory.models()
+    if model_id not in cards:
         raise model_not_found(model_id)
-    return model_object(models[model_id][0])
+    return models.model_object(cards[model_id])

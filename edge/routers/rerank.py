@@ -1,94 +1,64 @@
-"""Rerank at /v1/rerank, /rerank and /v2/rerank: the seed's shape, with Cohere/Jina's `results` too;
-a body with `texts` at /rerank is TEI's API and gets TEI's answer."""
+"""Rerank at /v1/rerank, /v2/rerank and /rerank (the rules and shapes are in edge/endpoints/rerank.py)."""
 
 from __future__ import annotations
 
-import uuid
 from typing import Annotated, Any
 
-from fastapi import Request
+import orjson
+from fastapi import Request, Response
 from fastapi.exceptions import RequestValidationError
-from pydantic import ValidationError, WithJsonSchema
+from pydantic import BaseModel, ValidationError, WithJsonSchema
 
+from edge.api_router import api_router, ok
 from edge.cancel import until_disconnected
-from edge.clients import call
-from edge.errors import bad_request
-from edge.protocol.rerank import RerankRequest, TEIRerankRequest
-from edge.routing import api_router
-from tritongate.rerank.v1 import rerank_pb2
+from edge.clients import RerankClient
+from edge.deps import RerankDep, SettingsDep
+from edge.endpoints import rerank
+from edge.endpoints.common import ParamError
 
 router = api_router(tags=["rerank"])
-# /rerank takes either body; /openapi.json declares both.
-EITHER_SCHEMA = {"anyOf": [RerankRequest.model_json_schema(), TEIRerankRequest.model_json_schema()]}
 
 
-async def _rerank(request: Request, model: Any, proto: rerank_pb2.RerankRequest) -> rerank_pb2.RerankResponse:
-    state = request.app.state
-    limit = state.settings.max_rerank_documents
-    if len(proto.documents) > limit:
-        raise bad_request(f"'documents' has {len(proto.documents)} items; at most {limit} are allowed.",
-                          "documents")
-    _, backend = await state.directory.route(model, "rerank")
-    proto.model = model
-    return await until_disconnected(request, call(backend, "Rerank", proto, state.settings.unary_timeout_s))
-
-
-def _parse(model_class: type[Any], body: Any) -> Any:
+def _parse(model: type[BaseModel], body: Any) -> Any:
+    """`body` as `model`, failing as FastAPI's own validation of a declared body would."""
     try:
-        return model_class.model_validate(body)
+        return model.model_validate(body)
     except ValidationError as exc:
-        errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False, include_context=False)]
+        errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)]
         raise RequestValidationError(errors, body=body) from None
 
 
-async def seed_rerank(body: RerankRequest, request: Request) -> dict[str, Any]:
-    top_n = min(body.top_n or 0, len(body.documents))  # more than there are documents: all of them
-    proto = rerank_pb2.RerankRequest(query=body.query, documents=body.documents, top_n=top_n)
-    response = await _rerank(request, body.model, proto)
-    results = []
-    for result in response.results:
-        entry: dict[str, Any] = {"object": "rerank", "index": result.index, "relevance_score": result.score}
-        if body.return_documents:
-            entry["document"] = {"text": body.documents[result.index]}
-        results.append(entry)
-    usage = response.usage
-    return {
-        "id": f"rerank-{uuid.uuid4().hex}",
-        "object": "list",
-        "model": response.model,
-        "data": results,
-        "results": results,
-        "usage": {"prompt_tokens": usage.prompt_tokens, "total_tokens": usage.total_tokens,
-                  "completion_tokens": 0},
-    }
+async def _rerank(request: Request, client: RerankClient, body: rerank.RerankRequest, max_documents: int) -> Response:
+    answer = await until_disconnected(request, client.rerank(rerank.to_proto(body, max_documents)))
+    return Response(orjson.dumps(rerank.response(body, answer)), media_type="application/json")
 
 
-async def tei_rerank(body: TEIRerankRequest, request: Request) -> list[dict[str, Any]]:
-    """TEI names no model; with several rerank models configured, `model` picks one."""
-    model = body.model or await _single_rerank_model(request)
-    proto = rerank_pb2.RerankRequest(query=body.query, documents=body.texts, raw_scores=body.raw_scores,
-                                     truncate=body.truncate)
-    response = await _rerank(request, model, proto)
-    return [{"index": r.index, "score": r.score, **({"text": body.texts[r.index]} if body.return_text else {})}
-            for r in response.results]
+async def _tei_rerank(request: Request, client: RerankClient, body: rerank.TEIRerankRequest, max_documents: int
+                      ) -> Response:
+    model = body.model or await _single_model(client)
+    answer = await until_disconnected(request, client.rerank(rerank.tei_to_proto(body, model, max_documents)))
+    return Response(orjson.dumps(rerank.tei_response(body, answer)), media_type="application/json")
 
 
-async def _single_rerank_model(request: Request) -> str:
-    models = [card.id for card, _ in (await request.app.state.directory.models()).values() if card.kind == "rerank"]
+async def _single_model(client: RerankClient) -> str:
+    models = await client.directory.of_kind(client.service)
     if len(models) != 1:
-        raise bad_request(f"Name the rerank model in 'model' (available: {', '.join(models) or 'none'}).", "model")
+        raise ParamError(f"Name the rerank model in 'model' (available: {', '.join(models) or 'none'}).", "model")
     return models[0]
 
 
-@router.post("/v1/rerank")
-@router.post("/v2/rerank")
-async def rerank(body: RerankRequest, request: Request) -> dict[str, Any]:
-    return await seed_rerank(body, request)
+@router.post("/v1/rerank", responses=ok(rerank.RerankResponse))
+@router.post("/v2/rerank", responses=ok(rerank.RerankResponse))
+async def rerank_documents(body: rerank.RerankRequest, request: Request, client: RerankDep, settings: SettingsDep
+                           ) -> Response:
+    return await _rerank(request, client, body, settings.max_rerank_documents)
 
 
-@router.post("/rerank")
-async def rerank_any(body: Annotated[dict[str, Any], WithJsonSchema(EITHER_SCHEMA)], request: Request) -> Any:
-    """RAGFlow posts the seed's body here without /v1; TEI clients post `texts`."""
-    if "texts" in body and "documents" not in body:
-        return await tei_rerank(_parse(TEIRerankRequest, body), request)
-    return await seed_rerank(_parse(RerankRequest, body), request)
+@router.post("/rerank", responses=ok(rerank.RerankResponse | rerank.TEIRerankResponse))
+async def rerank_any(body: Annotated[dict[str, Any], WithJsonSchema(rerank.EITHER_SCHEMA)], request: Request,
+                     client: RerankDep, settings: SettingsDep) -> Response:
+    """RAGFlow posts Denglin's body here without /v1; TEI clients post `texts`."""
+    if rerank.is_tei(body):
+        tei = _parse(rerank.TEIRerankRequest, body)
+        return await _tei_rerank(request, client, tei, settings.max_rerank_documents)
+    return await _rerank(request, client, _parse(rerank.RerankRequest, body), settings.max_rerank_documents)

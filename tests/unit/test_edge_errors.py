@@ -8,7 +8,7 @@ import pytest
 from fastapi import FastAPI
 
 from edge.errors import GRPC_TO_HTTP, OpenAIError, from_grpc, install_error_handlers
-from edge.metrics import install_metrics
+from edge.telemetry import install_metrics
 
 
 class FakeRpcError(grpc.aio.AioRpcError):

@@ -22,7 +22,7 @@ SCRIPT = textwrap.dedent('''
     from opentelemetry.instrumentation.grpc import GrpcAioInstrumentorClient
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from edge.metrics import install_metrics
+    from edge.telemetry import install_metrics
     from services.common.metrics import MetricsInterceptor
     from tritongate.logs import REQUEST_ID, request_metadata
     from tritongate.tracing import instrument_app, setup_tracing

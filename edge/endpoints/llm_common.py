@@ -1,25 +1,24 @@
-"""What chat and completions requests and responses share: field types and validators, stream options,
-and the `Shape` each endpoint gives its responses and stream chunks."""
+"""What chat and completions share: the request fields and their rules, the mapping of those fields to
+the GenerateRequest proto, and the `Shape` each endpoint gives its responses and stream chunks (the
+one generation path, edge/streaming.py, builds both endpoints' answers through it)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Protocol
+from typing import Annotated, Any, Protocol, Self
 
-from pydantic import Field, WithJsonSchema, field_validator
+from pydantic import Field, WithJsonSchema, field_validator, model_validator
 
-from edge.errors import bad_request
-from edge.protocol.common import UINT32_MAX, OpenAIRequest
+from edge.endpoints.common import UINT32_MAX, OpenAIRequest, ParamError
 from tritongate.common.v1 import common_pb2
 from tritongate.llm.v1 import llm_pb2
+from tritongate.wire import MAX_N
 
-MAX_STOPS = 4
-# OpenAI's own bound; each model's (`max_n` in the model configuration, default 16) is checked by the llm service.
-MAX_N = 128
+MAX_STOPS = 4  # OpenAI's limit
 
 Temperature = Annotated[float, Field(ge=0, le=2)]
 TopP = Annotated[float, Field(ge=0, le=1)]
 Penalty = Annotated[float, Field(ge=-2, le=2)]
-N = Annotated[int, Field(ge=1, le=MAX_N)]
+N = Annotated[int, Field(ge=1, le=MAX_N)]  # each model's own `max_n` is the llm service's to check
 Seed = Annotated[int, Field(ge=-(2**63), lt=2**64)]
 TopK = Annotated[int, Field(ge=-1, le=UINT32_MAX)]  # -1 (vLLM) and 0 both mean no limit
 RepetitionPenalty = Annotated[float, Field(gt=0)]
@@ -37,34 +36,35 @@ class StreamOptions(OpenAIRequest):
 
 
 def stop_list(value: Any) -> list[str]:
-    """`stop`: a string or up to 4 non-empty strings."""
+    """`stop`: a string or up to MAX_STOPS non-empty strings."""
     stops = [value] if isinstance(value, str) else value
     if not isinstance(stops, list) or not all(isinstance(stop, str) for stop in stops):
-        raise ValueError("'stop' must be a string or an array of strings")
+        raise ParamError("'stop' must be a string or an array of strings", "stop")
     if len(stops) > MAX_STOPS:
-        raise ValueError(f"'stop' may hold at most {MAX_STOPS} strings; got {len(stops)}")
+        raise ParamError(f"'stop' may hold at most {MAX_STOPS} strings; got {len(stops)}", "stop")
     if any(stop == "" for stop in stops):
-        raise ValueError("'stop' strings must not be empty")
+        raise ParamError("'stop' strings must not be empty", "stop")
     return stops
 
 
 def logit_bias_map(value: Any) -> dict[int, float]:
     """OpenAI sends token ids as JSON object keys (strings)."""
     if not isinstance(value, dict):
-        raise ValueError("'logit_bias' must be an object mapping token ids to biases")
+        raise ParamError("'logit_bias' must be an object mapping token ids to biases", "logit_bias")
     bias = {}
     for key, weight in value.items():
-        if not str(key).strip().isdigit() or int(key) >= 2**32:
-            raise ValueError(f"'logit_bias' keys must be token ids; got {key!r}")
+        if not str(key).strip().isdigit() or int(key) > UINT32_MAX:
+            raise ParamError(f"'logit_bias' keys must be token ids; got {key!r}", "logit_bias")
         if isinstance(weight, bool) or not isinstance(weight, int | float) or not -100 <= weight <= 100:
-            raise ValueError(f"'logit_bias' values must be numbers between -100 and 100; got {weight!r}")
+            raise ParamError(f"'logit_bias' values must be numbers between -100 and 100; got {weight!r}",
+                             "logit_bias")
         bias[int(key)] = float(weight)
     return bias
 
 
 class GenerationRequest(OpenAIRequest):
-    """The fields chat and completions requests share (OpenAI's, then our extensions), their
-    validators, and their part of the proto."""
+    """The fields chat and completions requests share (OpenAI's, then our extensions), their rules,
+    and their part of the proto."""
 
     model: str
     frequency_penalty: Penalty | None = None
@@ -94,10 +94,11 @@ class GenerationRequest(OpenAIRequest):
     def _logit_bias(cls, value: Any) -> dict[int, float] | None:
         return None if value is None else logit_bias_map(value)
 
-    def check(self) -> None:
-        """Rules across fields, and features this server does not have."""
+    @model_validator(mode="after")
+    def _stream_options(self) -> Self:
         if self.stream_options is not None and not self.stream:
-            raise bad_request("'stream_options' is only allowed when 'stream' is true.", "stream_options")
+            raise ParamError("'stream_options' is only allowed when 'stream' is true.", "stream_options")
+        return self
 
     @property
     def include_usage(self) -> bool:
@@ -119,11 +120,6 @@ class GenerationRequest(OpenAIRequest):
         return proto
 
 
-def usage_object(usage: common_pb2.Usage) -> dict[str, int]:
-    return {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
-            "total_tokens": usage.total_tokens}
-
-
 class Collected:
     """One choice of a non-streamed response."""
 
@@ -142,7 +138,6 @@ class Shape(Protocol):
 
     object: str  # of a stream chunk
     prefix: str  # of the response id
-    logprobs: bool
 
     def opening(self, index: int) -> dict[str, Any] | None:
         """The choice of a chunk sent before any text, or None."""

@@ -6,8 +6,9 @@ Metrics: HTTP requests by route, model and status, their latency (to the last by
 whole), requests in progress; for generation, time to first token, time between streamed deltas, and
 tokens in and out by model.
 
-What the handlers learn on the way (the model, once routed; the usage a service reports) goes on the
-request's `Exchange`, which `current()` returns anywhere in the request's tasks.
+What the edge learns on the way goes on the request's `Exchange`, which `current()` returns anywhere in
+the request's tasks: the service clients (edge/clients.py) record the model and the usage of every call
+they make, in one place.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tritongate.common.v1 import common_pb2
-from tritongate.logs import REQUEST_ID, REQUEST_ID_HEADER, bind_request_id, new_request_id, sane_request_id
+from tritongate.logs import REQUEST_ID, bind_request_id, new_request_id, sane_request_id
+from tritongate.wire import REQUEST_ID_KEY
 
 _SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 REQUESTS = Counter("http_requests_total", "HTTP requests answered, by route template, model and status.",
@@ -52,7 +54,7 @@ class Exchange:
 
     request_id: str
     start: float
-    model: str = ""  # set once the request is routed, so label values are only configured models
+    model: str = ""  # set by the service client once the model is found, so labels are only served models
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
 
@@ -107,7 +109,7 @@ class HttpMetrics:
         # Each request runs in its own task: no reset, so the server's own error log carries the id too.
         bind_request_id(exchange.request_id)
         EXCHANGE.set(exchange)
-        header = (REQUEST_ID_HEADER.encode(), exchange.request_id.encode())
+        header = (REQUEST_ID_KEY.encode(), exchange.request_id.encode())
         status = 500  # what the server answers if the app fails before starting a response
 
         async def send_and_record(message: Message) -> None:

@@ -1,15 +1,14 @@
 """POST /v1/chat/completions: the request in the order of OpenAI's CreateChatCompletionRequest (our
-extensions last), and the shape of its responses and stream chunks."""
+extensions last) with its rules, its GenerateRequest, and its response and stream chunks."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal, Self
 
-from pydantic import Field, ValidationInfo, WithJsonSchema, field_validator
+from pydantic import Field, ValidationInfo, WithJsonSchema, field_validator, model_validator
 
-from edge.errors import bad_request
-from edge.protocol.common import UINT32_MAX, OpenAIRequest
-from edge.protocol.generation import Collected, GenerationRequest, usage_object
+from edge.endpoints.common import UINT32_MAX, Head, OpenAIRequest, ParamError, ResponseModel, Usage, usage_object
+from edge.endpoints.llm_common import Collected, GenerationRequest
 from tritongate.common.v1 import common_pb2
 from tritongate.llm.v1 import llm_pb2
 
@@ -30,9 +29,9 @@ class ChatMessage(OpenAIRequest):
     @classmethod
     def _role(cls, value: str) -> str:
         if value in NOT_YET:
-            raise ValueError(f"'{value}' messages are not supported yet (roles: system, user, assistant)")
+            raise ParamError(f"'{value}' messages are not supported yet (roles: system, user, assistant)")
         if value not in ROLES:
-            raise ValueError(f"unknown role {value!r}; expected one of system, developer, user, assistant")
+            raise ParamError(f"unknown role {value!r}; expected one of system, developer, user, assistant")
         return ROLES[value]
 
     @field_validator("content")
@@ -44,16 +43,16 @@ class ChatMessage(OpenAIRequest):
         if isinstance(value, str):
             return value
         if not isinstance(value, list):
-            raise ValueError("'content' must be a string or an array of content parts")
+            raise ParamError("'content' must be a string or an array of content parts")
         texts = []
         for i, part in enumerate(value):
             kind = part.get("type") if isinstance(part, dict) else None
             if kind == "text" and isinstance(part.get("text"), str):
                 texts.append(part["text"])
             elif kind in ("image_url", "input_audio", "file", "refusal"):
-                raise ValueError(f"content part {i} is of type '{kind}': only text parts are supported")
+                raise ParamError(f"content part {i} is of type '{kind}': only text parts are supported")
             else:
-                raise ValueError(f"content part {i} must be an object with type 'text' and a string 'text'")
+                raise ParamError(f"content part {i} must be an object with type 'text' and a string 'text'")
         return "\n".join(texts)
 
 
@@ -71,18 +70,84 @@ class ChatCompletionRequest(GenerationRequest):
                                                                   {"type": "null"}]})] = None  # not yet
     tool_choice: Annotated[Any, WithJsonSchema({"enum": ["none", "auto", None]})] = None
 
-    def check(self) -> None:
-        super().check()
+    @model_validator(mode="after")
+    def _rules(self) -> Self:
         if self.tools:
-            raise bad_request("'tools' are not supported yet.", "tools")
+            raise ParamError("'tools' are not supported yet.", "tools")
         if self.tool_choice not in (None, "none", "auto"):
-            raise bad_request("'tool_choice' needs 'tools', which are not supported yet.", "tool_choice")
+            raise ParamError("'tool_choice' needs 'tools', which are not supported yet.", "tool_choice")
         kind = (self.response_format or {}).get("type", "text")
         if kind != "text":
-            raise bad_request(f"'response_format' of type {kind!r} is not supported; only 'text'.",
-                              "response_format")
+            raise ParamError(f"'response_format' of type {kind!r} is not supported; only 'text'.", "response_format")
         if self.top_logprobs and not self.logprobs:
-            raise bad_request("'top_logprobs' requires 'logprobs' to be true.", "top_logprobs")
+            raise ParamError("'top_logprobs' requires 'logprobs' to be true.", "top_logprobs")
+        return self
+
+
+def to_proto(body: ChatCompletionRequest) -> llm_pb2.GenerateRequest:
+    messages = [llm_pb2.ChatMessage(role=m.role, content=m.content, name=m.name or "") for m in body.messages]
+    return body.proto(body.max_completion_tokens or body.max_tokens, chat=llm_pb2.Chat(messages=messages),
+                      logprobs=bool(body.logprobs), top_logprobs=body.top_logprobs or 0)
+
+
+# The response and its stream chunks, as /openapi.json declares them (OpenAI's ChatCompletion and
+# ChatCompletionChunk, restricted to what this server sends).
+class TopLogprob(ResponseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChoiceLogprobs(ResponseModel):
+    content: list[TokenLogprob] | None
+    refusal: None
+
+
+class AssistantMessage(ResponseModel):
+    role: Literal["assistant"]
+    content: str | None
+    refusal: None
+
+
+FinishReason = Literal["stop", "length"]
+
+
+class Choice(ResponseModel):
+    index: int
+    message: AssistantMessage
+    logprobs: ChoiceLogprobs | None
+    finish_reason: FinishReason
+
+
+class ChatCompletion(Head):
+    object: Literal["chat.completion"]
+    choices: list[Choice]
+    usage: Usage
+
+
+class ChunkDelta(ResponseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChunkChoice(ResponseModel):
+    index: int
+    delta: ChunkDelta
+    logprobs: ChoiceLogprobs | None
+    finish_reason: FinishReason | None
+
+
+class ChatCompletionChunk(Head):
+    """One `data:` event of a stream; with `stream_options.include_usage` every chunk has `usage`: null,
+    and one last chunk with no choices carries it."""
+
+    object: Literal["chat.completion.chunk"]
+    choices: list[ChunkChoice]
+    usage: Usage | None = None
 
 
 class ChatShape:
@@ -119,3 +184,7 @@ class ChatShape:
                         for i, c in enumerate(choices)],
             "usage": usage_object(usage),
         }
+
+
+def shape(body: ChatCompletionRequest) -> ChatShape:
+    return ChatShape(bool(body.logprobs))

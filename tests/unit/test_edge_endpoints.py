@@ -1,18 +1,28 @@
-"""The edge's chat and completions request models and their REST → proto converters."""
+"""The edge's endpoint modules: request models, their rules, and their REST → proto converters."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
-from pydantic import ValidationError
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ValidationError
 
-from edge.errors import OpenAIError
-from edge.protocol.chat import ChatCompletionRequest
-from edge.protocol.completions import CompletionRequest
-from edge.routers import chat, completions
+from edge.endpoints import chat, completions, embeddings, rerank
+from edge.endpoints.chat import ChatCompletionRequest
+from edge.endpoints.common import ParamError
+from edge.endpoints.completions import CompletionRequest
+from edge.errors import OpenAIError, from_validation
 
 MESSAGES = [{"role": "user", "content": "Hi"}]
+
+
+def refusal(model: type[BaseModel], body: dict[str, Any]) -> OpenAIError:
+    """The 400 the edge answers for `body`, as the error handler builds it from the validation error."""
+    with pytest.raises(ValidationError) as info:
+        model.model_validate(body)
+    errors = [{**e, "loc": ("body", *e["loc"])} for e in info.value.errors()]
+    return from_validation(RequestValidationError(errors))
 
 
 def test_stream_as_a_string_is_coerced() -> None:
@@ -32,7 +42,6 @@ def test_chat_converter_names_every_field() -> None:
                      {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
                      {"role": "assistant", "content": None, "name": "bot"}],
     })
-    body.check()
     proto = chat.to_proto(body)
     assert [(m.role, m.content, m.name) for m in proto.chat.messages] == [
         ("system", "Be brief.", ""), ("user", "a\nb", ""), ("assistant", "", "bot")]
@@ -52,7 +61,6 @@ def test_unset_sampling_fields_stay_unset_for_the_models_defaults() -> None:
 def test_completion_converter() -> None:
     body = CompletionRequest.model_validate({"model": "m", "prompt": [[1, 2], [3]], "echo": True, "max_tokens": 0,
                                              "logprobs": 0, "n": 2, "best_of": 2})
-    body.check()
     proto = completions.to_proto(body)
     assert [list(p.token_ids.ids) for p in proto.prompts.prompts] == [[1, 2], [3]]
     assert proto.echo and proto.max_tokens == 0 and proto.HasField("max_tokens")
@@ -92,17 +100,16 @@ def test_chat_validation_locates_the_parameter(body: dict[str, Any], loc: tuple[
     ({"top_logprobs": 2}, "top_logprobs"),
 ])
 def test_chat_features_we_do_not_have(body: dict[str, Any], param: str) -> None:
-    request = ChatCompletionRequest.model_validate({"model": "m", "messages": MESSAGES, **body})
-    with pytest.raises(OpenAIError) as info:
-        request.check()
-    assert info.value.status == 400 and info.value.param == param
+    """Rules across fields are validators: no router can forget them, and the 400 names the parameter."""
+    error = refusal(ChatCompletionRequest, {"model": "m", "messages": MESSAGES, **body})
+    assert error.status == 400 and error.param == param and not error.message.startswith("Value error")
 
 
 def test_chat_defaults_are_never_errors() -> None:
     ChatCompletionRequest.model_validate({
         "model": "m", "messages": MESSAGES, "tools": [], "tool_choice": "none", "response_format": {"type": "text"},
         "frequency_penalty": 0, "presence_penalty": 0, "logit_bias": {}, "logprobs": False, "n": 1, "user": "u",
-        "stream": False, "top_logprobs": 0, "num_beams": 1, "unknown_extra": 1}).check()
+        "stream": False, "top_logprobs": 0, "num_beams": 1, "unknown_extra": 1})
 
 
 @pytest.mark.parametrize(("body", "param"), [
@@ -112,10 +119,24 @@ def test_chat_defaults_are_never_errors() -> None:
     ({"stream_options": {"include_usage": True}, "stream": False}, "stream_options"),
 ])
 def test_completion_rules_across_fields(body: dict[str, Any], param: str) -> None:
-    request = CompletionRequest.model_validate({"model": "m", "prompt": "x", **body})
-    with pytest.raises(OpenAIError) as info:
-        request.check()
-    assert info.value.param == param
+    assert refusal(CompletionRequest, {"model": "m", "prompt": "x", **body}).param == param
+
+
+def test_nested_rules_are_located_by_their_path() -> None:
+    error = refusal(ChatCompletionRequest, {"model": "m", "messages": [*MESSAGES, {"role": "robot", "content": ""}]})
+    assert error.param == "messages[1].role" and "robot" in error.message
+
+
+@pytest.mark.parametrize(("convert", "limit", "body", "param"), [
+    (embeddings.to_proto, 2, embeddings.EmbeddingRequest(model="m", input=["a", "b", "c"]), "input"),
+    (rerank.to_proto, 1, rerank.RerankRequest(model="m", query="q", documents=["a", "b"]), "documents"),
+])
+def test_per_request_limits_are_checked_while_building_the_proto(convert: Any, limit: int, body: Any,
+                                                                   param: str) -> None:
+    with pytest.raises(ParamError) as info:
+        convert(body, limit)
+    assert info.value.param == param and str(limit) in info.value.message
+    convert(body, limit + 5)  # within the limit: a proto
 
 
 @pytest.mark.parametrize("prompt", [[], "", [[]], [1, "a"], [-1], {"text": "x"}, 5, [[1], ["a"]]])

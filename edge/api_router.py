@@ -1,5 +1,5 @@
-"""What every router of the edge shares: strict JSON request bodies, and the error responses that
-/openapi.json declares for every operation.
+"""What every router of the edge shares: strict JSON request bodies, and the responses that
+/openapi.json declares for every operation (the errors, and each operation's 200).
 
 Request bodies are parsed with orjson, which accepts only strict JSON. Python's `json` lets through what
 no JSON client should send and what the services cannot carry: lone UTF-16 surrogates (`"\\udb03"`,
@@ -46,10 +46,18 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 # schema of an event stream describes one event: `data` is a chunk's JSON, or `[DONE]` last.)
 SSE_EVENT = {"type": "object", "required": ["data"],
              "properties": {"event": {"type": "string"}, "data": {"type": "string"}}}
-STREAM_RESPONSE: dict[int | str, dict[str, Any]] = {
-    200: {"description": "The response, or with `stream: true` its chunks as Server-Sent Events",
-          "content": {"text/event-stream": {"schema": SSE_EVENT}}},
-}
+
+
+def ok(model: Any, description: str = "Successful Response") -> dict[int | str, dict[str, Any]]:
+    """The 200 response of an operation that writes its JSON itself: `model` declares its schema."""
+    return {200: {"model": model, "description": description}}
+
+
+def ok_or_stream(model: type[BaseModel], chunk: type[BaseModel]) -> dict[int | str, dict[str, Any]]:
+    """The 200 response of a generation endpoint: `model`, or with `stream: true` `chunk`s as events."""
+    return {200: {"model": model, "content": {"text/event-stream": {"schema": SSE_EVENT}},
+                  "description": f"A {model.__name__}, or with `stream: true` Server-Sent Events whose `data` is "
+                                 f"a {chunk.__name__} (then `[DONE]`)"}}
 
 
 class StrictJSONRequest(Request):

@@ -1,15 +1,24 @@
 """POST /v1/completions: the request in the order of OpenAI's CreateCompletionRequest (our extensions
-last), and the shape of its responses and stream chunks (the same object, `text_completion`)."""
+last) with its rules, its GenerateRequest, and its response and stream chunks (the same object,
+`text_completion`)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal, Self
 
-from pydantic import Field, WithJsonSchema, field_validator
+from pydantic import Field, WithJsonSchema, field_validator, model_validator
 
-from edge.errors import bad_request
-from edge.protocol.common import UINT32_MAX, batch_schema, text_or_token_batch
-from edge.protocol.generation import Collected, GenerationRequest, usage_object
+from edge.endpoints.common import (
+    UINT32_MAX,
+    Head,
+    ParamError,
+    ResponseModel,
+    Usage,
+    batch_schema,
+    text_or_token_batch,
+    usage_object,
+)
+from edge.endpoints.llm_common import Collected, GenerationRequest
 from tritongate.common.v1 import common_pb2
 from tritongate.llm.v1 import llm_pb2
 
@@ -29,14 +38,43 @@ class CompletionRequest(GenerationRequest):
     def _prompt(cls, value: Any) -> list[str] | list[list[int]]:
         return text_or_token_batch(value, "prompt", empty_strings=True)
 
-    def check(self) -> None:
-        super().check()
+    @model_validator(mode="after")
+    def _rules(self) -> Self:
         if self.suffix:
-            raise bad_request("'suffix' (insertion) is not supported.", "suffix")
+            raise ParamError("'suffix' (insertion) is not supported.", "suffix")
         if self.best_of not in (None, self.n or 1):
-            raise bad_request("'best_of' is not supported unless it equals 'n'.", "best_of")
+            raise ParamError("'best_of' is not supported unless it equals 'n'.", "best_of")
         if self.max_tokens == 0 and not self.echo:
-            raise bad_request("'max_tokens' must be at least 1 (0 only with 'echo').", "max_tokens")
+            raise ParamError("'max_tokens' must be at least 1 (0 only with 'echo').", "max_tokens")
+        return self
+
+
+def to_proto(body: CompletionRequest) -> llm_pb2.GenerateRequest:
+    prompts = [llm_pb2.Prompt(text=p) if isinstance(p, str) else llm_pb2.Prompt(token_ids=common_pb2.TokenIds(ids=p))
+               for p in body.prompt]
+    return body.proto(body.max_tokens, prompts=llm_pb2.Prompts(prompts=prompts), echo=bool(body.echo),
+                      logprobs=body.logprobs is not None, top_logprobs=body.logprobs or 0)
+
+
+# The response (a stream chunk has the same shape), as /openapi.json declares it.
+class CompletionLogprobs(ResponseModel):
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+
+class CompletionChoice(ResponseModel):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None
+    finish_reason: Literal["stop", "length"] | None  # null in stream chunks before the last
+
+
+class Completion(Head):
+    object: Literal["text_completion"]
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
 
 
 class CompletionShape:
@@ -71,3 +109,7 @@ class CompletionShape:
                          "finish_reason": c.finish_reason} for i, c in enumerate(choices)],
             "usage": usage_object(usage),
         }
+
+
+def shape(body: CompletionRequest) -> CompletionShape:
+    return CompletionShape(body.logprobs is not None)

@@ -1,0 +1,97 @@
+"""What every endpoint module shares: the request base, the error a rule raises, the schema of OpenAI's
+`usage`, and the text-or-token-ids batches that embeddings `input` and completions `prompt` accept.
+
+Endpoint modules own the OpenAI request shape. They raise `ParamError` (never an HTTP error): inside a
+pydantic validator it becomes a validation error whose `param` the error handler reads, and outside one
+(a limit checked while building the proto) the handler maps it to the same 400.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from tritongate.common.v1 import common_pb2
+
+UINT32_MAX = 2**32 - 1  # the services' counts are uint32: a larger value is refused here, not crashed on
+BATCH_SHAPES = "a string, an array of strings, an array of token ids, or an array of token-id arrays"
+
+
+class ParamError(ValueError):
+    """A request breaks a rule; `param` names the offending parameter (OpenAI's `error.param`)."""
+
+    def __init__(self, message: str, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code
+
+
+class OpenAIRequest(BaseModel):
+    """Unknown fields are ignored (clients such as LangChain send extras)."""
+
+    model_config = ConfigDict(extra="ignore", protected_namespaces=())
+
+
+class ResponseModel(BaseModel):
+    """A response's schema, declared in /openapi.json. Responses are written as JSON bytes straight from
+    the service's answer; these classes describe them and are not built on the hot path."""
+
+
+class Head(ResponseModel):
+    """What every chat and completions response and stream chunk starts with."""
+
+    id: str
+    created: int
+    model: str
+
+
+class Usage(ResponseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+def usage_object(usage: common_pb2.Usage) -> dict[str, int]:
+    return {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
+            "total_tokens": usage.total_tokens}
+
+
+def is_token_ids(value: object) -> bool:
+    return isinstance(value, list) and all(type(t) is int for t in value)
+
+
+def batch_schema(empty_strings: bool) -> dict[str, Any]:
+    """What `text_or_token_batch` accepts, as the JSON schema /openapi.json declares."""
+    text = {"type": "string"} if empty_strings else {"type": "string", "minLength": 1}
+    ids = {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0, "maximum": UINT32_MAX}}
+    return {"anyOf": [text, {"type": "array", "minItems": 1, "items": text}, ids,
+                      {"type": "array", "minItems": 1, "items": ids}]}
+
+
+def text_or_token_batch(value: Any, param: str, empty_strings: bool) -> list[str] | list[list[int]]:
+    """OpenAI's `input` (embeddings) and `prompt` (completions): one or many texts or token-id lists,
+    normalised to a list of strings or a list of token-id lists, with messages naming `param`."""
+    if isinstance(value, str) or (is_token_ids(value) and value):
+        value = [value]
+    if not isinstance(value, list):
+        raise ParamError(f"'{param}' must be {BATCH_SHAPES}", param)
+    if not value:
+        raise ParamError(f"'{param}' must not be empty", param)
+    if all(isinstance(item, str) for item in value):
+        if not empty_strings and any(item == "" for item in value):
+            raise ParamError(f"'{param}' must not contain empty strings", param)
+        return value
+    if all(is_token_ids(item) for item in value):
+        for ids in value:
+            if not ids:
+                raise ParamError(f"'{param}' must not contain empty token arrays", param)
+            if any(t < 0 or t > UINT32_MAX for t in ids):
+                raise ParamError("token ids must be between 0 and 2^32 - 1", param)
+        return value
+    raise ParamError(f"'{param}' must be {BATCH_SHAPES}", param)
+
+
+def token_ids(ids: list[int]) -> common_pb2.TokenIds:
+    return common_pb2.TokenIds(ids=ids)
