@@ -19,6 +19,7 @@ COPY pyproject.toml README.md ./
 COPY tritongate ./tritongate
 COPY services ./services
 COPY edge ./edge
+COPY launcher ./launcher
 # setuptools builds tritongate itself (pure Python); every dependency comes as a wheel.
 RUN /opt/tritongate/bin/pip install --no-binary=tritongate .
 

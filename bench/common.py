@@ -15,8 +15,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from launcher.stack import LocalStack
 from tritongate.settings import DEPLOY_DIR, Settings
-from tritongate.up import LocalStack
 
 
 def free_port() -> int:

@@ -1,4 +1,8 @@
-"""Runs one service process: read the model configuration, build the service, serve until SIGTERM."""
+"""Runs one service process: read the model configuration, build the service, serve until SIGTERM.
+
+Which section of the configuration a service reads, which module builds it and which port it listens
+on all come from its entry in tritongate/registry.py.
+"""
 
 from __future__ import annotations
 
@@ -10,40 +14,41 @@ from services.common.server import ServiceSpec, run_until_signalled, start_servi
 from services.common.tokenizer import keep_torch_out
 from services.common.triton import Triton
 from tritongate.config import ConfigError, ModelConfig, load_model_config
+from tritongate.registry import BY_NAME, ServiceInfo
 from tritongate.settings import Settings
 from tritongate.tls import server_credentials
 
 log = logging.getLogger(__name__)
 
-SECTIONS = {"llm": "llm", "embed": "embedding", "rerank": "rerank"}
 
-
-def build_service(name: str, config: ModelConfig, triton: Triton) -> ServiceSpec:
-    module = importlib.import_module(f"services.{name}.main")
-    spec: ServiceSpec = module.build(config, triton)
+def build_service(service: ServiceInfo, config: ModelConfig, triton: Triton) -> ServiceSpec:
+    """The service's `build(config, triton)`, from the module its registry entry names."""
+    spec: ServiceSpec = importlib.import_module(service.builder).build(config, triton)
     return spec
 
 
-async def run_service(name: str, settings: Settings) -> None:
+async def run_service(name: ServiceInfo | str, settings: Settings) -> None:
+    """Serve `name` (a registry entry or its name) until SIGTERM."""
+    service = BY_NAME[name] if isinstance(name, str) else name
     keep_torch_out()
     config = load_model_config(settings.config_file)
-    if not getattr(config, SECTIONS[name]):
-        raise ConfigError(f"{settings.config_file}: the `{SECTIONS[name]}` section is empty; "
-                          f"nothing for the {name} service to serve")
+    if not getattr(config, service.section):
+        raise ConfigError(f"{settings.config_file}: the `{service.section}` section is empty; "
+                          f"nothing for the {service.name} service to serve")
     credentials = server_credentials(settings)  # before anything starts: a bad path fails fast
     triton = Triton(settings.triton_timeout_s)
-    spec = build_service(name, config, triton)
+    spec = build_service(service, config, triton)
     if settings.metrics_port:
         serve_metrics(settings.service_host, settings.metrics_port)
         log.info("metrics on http://%s:%d/metrics", settings.service_host, settings.metrics_port)
-    service = await start_service(
+    running = await start_service(
         spec, triton,
         host=settings.service_host,
-        port=getattr(settings, f"{name}_port"),
+        port=settings.port(service),
         max_connection_age_ms=settings.max_connection_age_ms,
         # An aged connection keeps its streams until they end; none outlasts the edge's request deadline.
         grace_s=max(settings.shutdown_grace_s, settings.request_timeout_s),
         credentials=credentials,
         max_in_flight=settings.max_in_flight,
     )
-    await run_until_signalled(service, settings.shutdown_grace_s)
+    await run_until_signalled(running, settings.shutdown_grace_s)

@@ -1,48 +1,35 @@
 """Session fixtures: a real Triton (demo + test model repositories), the real services and the real
-edge as separate processes on free loopback ports, started by the same code as `tritongate up`."""
+edge as separate processes on free loopback ports, started by the same code as `tritongate up`.
+
+Only fixtures live here; the helpers are in tests/support. Nothing here runs unless a test asks for
+it, so the unit tests start no Triton (see tests/README.md).
+"""
 
 from __future__ import annotations
 
-import json
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-import httpx
-import openai
 import pytest
 
-from tritongate.demo_models import fetch_models, missing_models
-from tritongate.settings import DEPLOY_DIR, Settings, default_cache_dir, default_models_dir
+from launcher.stack import LocalStack
+from tests.support.events import EVENTS_ENV, new_events_file
+from tests.support.ports import free_port
+from tests.support.stack import DEMO_LLM, TEST_REPOSITORIES, metrics_ports, stack_settings, write_model_config
+from tritongate.settings import default_cache_dir, default_models_dir
 from tritongate.triton_local import TritonProcess, start_triton
-from tritongate.up import LocalStack, grpc_serving  # noqa: F401 (tests import it from here)
 
-TESTS = Path(__file__).resolve().parent
-BODY_LIMIT = 4 * 1024 * 1024
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def wait_until(check, timeout: float, what: str, process: subprocess.Popen[bytes] | None = None) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process is not None and process.poll() is not None:
-            raise RuntimeError(f"{what} exited with code {process.returncode}")
-        if check():
-            return
-        time.sleep(0.2)
-    raise TimeoutError(f"{what} not ready after {timeout} s")
+if TYPE_CHECKING:  # imported where used: the unit tests need neither client
+    import httpx
+    import openai
 
 
 @pytest.fixture(scope="session")
 def models_dir() -> Path:
+    """The demo models, downloaded (and the LLM converted) on first use."""
+    from tritongate.demo_models import fetch_models, missing_models
+
     directory = default_models_dir()
     if missing_models(directory):
         fetch_models(directory)
@@ -50,24 +37,30 @@ def models_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def tokenizer(models_dir: Path) -> Any:
+    """The demo LLM's tokenizer, loaded once for the session (a module's own `tokenizer` fixture wins)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(models_dir / DEMO_LLM)
+
+
+@pytest.fixture(scope="session")
 def events_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Test models append what they observe (e.g. a cancelled request) here, one JSON per line."""
-    path = tmp_path_factory.mktemp("events") / "events.jsonl"
-    path.touch()
-    return path
+    return new_events_file(tmp_path_factory.mktemp("events"))
 
 
 @pytest.fixture(scope="session")
 def triton(models_dir: Path, events_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonProcess]:
     process = start_triton(
-        repositories=[DEPLOY_DIR / "triton", TESTS / "triton_models"],
+        repositories=list(TEST_REPOSITORIES),
         models_dir=models_dir,
         cache_dir=default_cache_dir(),
         http_port=free_port(),
         grpc_port=free_port(),
         metrics_port=free_port(),
         log_path=tmp_path_factory.mktemp("triton") / "tritonserver.log",
-        extra_env={"TRITONGATE_TEST_EVENTS": str(events_file)},
+        extra_env={EVENTS_ENV: str(events_file)},
     )
     try:
         process.wait_ready(600)
@@ -78,26 +71,8 @@ def triton(models_dir: Path, events_file: Path, tmp_path_factory: pytest.TempPat
 
 @pytest.fixture(scope="session")
 def model_config_file(triton: TritonProcess, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """tests/model_config.json (the seed's format) pointed at the test Triton."""
-    config = json.loads((TESTS / "model_config.json").read_text())
-    for section in ("llm", "embedding", "rerank"):
-        for entry in config.get(section, []):
-            entry["url"] = triton.grpc_url
-    path = tmp_path_factory.mktemp("config") / "model_config.json"
-    path.write_text(json.dumps(config, indent=2))
-    return path
-
-
-def stack_settings(config_file: Path, **overrides: object) -> Settings:
-    """Settings for a stack on free loopback ports."""
-    ports = {f"{name}_port": free_port() for name in ("edge", "llm", "embed", "rerank")}
-    return Settings(config_file=config_file, max_body_bytes=BODY_LIMIT, **ports, **overrides)  # type: ignore[arg-type]
-
-
-def _spawn(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    with open(log, "wb") as out:
-        return subprocess.Popen([sys.executable, "-m", "tritongate.cli", *args], env=env, stdout=out,
-                                stderr=subprocess.STDOUT)
+    """tests/model_config.json (the format of Denglin's openai_api) pointed at the test Triton."""
+    return write_model_config(triton.grpc_url, tmp_path_factory.mktemp("config"))
 
 
 @pytest.fixture(scope="session")
@@ -105,16 +80,20 @@ def stack(triton: TritonProcess, model_config_file: Path, tmp_path_factory: pyte
           ) -> Iterator[LocalStack]:
     """The services and the edge on the session's Triton; logs under the pytest temp folder."""
     with LocalStack(stack_settings(model_config_file), triton=triton, log_dir=tmp_path_factory.mktemp("logs"),
-                    metrics_ports={name: free_port() for name in ("llm", "embed", "rerank")}) as local:
+                    metrics_ports=metrics_ports()) as local:
         yield local
 
 
 @pytest.fixture(scope="session")
 def client(stack: LocalStack) -> openai.OpenAI:
+    import openai
+
     return openai.OpenAI(base_url=f"{stack.edge_url}/v1", api_key="unused", max_retries=0, timeout=120)
 
 
 @pytest.fixture(scope="session")
 def http(stack: LocalStack) -> Iterator[httpx.Client]:
+    import httpx
+
     with httpx.Client(base_url=stack.edge_url, timeout=120) as session:
         yield session

@@ -1,6 +1,7 @@
-"""The model configuration file: the seed's `model_config.json`, accepted unchanged, plus optional fields.
+"""The model configuration file: the `model_config.json` of Denglin's openai_api, accepted unchanged, plus
+optional fields.
 
-The seed format has four sections: `model_infos` (generation defaults per LLM), `llm`, `embedding`
+The Denglin format has four sections: `model_infos` (generation defaults per LLM), `llm`, `embedding`
 and `rerank`. Every service reads the same file and takes only its own section. Fields tritongate adds
 are optional with defaults; docs/configuration.md documents all of them.
 """
@@ -11,14 +12,26 @@ import json
 import logging
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from tritongate.wire import DEFAULT_MAX_N, MAX_N
 
 log = logging.getLogger(__name__)
 
-# Triton's default HTTP port; the seed's embedding and rerank entries point at it.
+# Triton's default HTTP port; embedding and rerank entries in the Denglin format point at it.
 TRITON_HTTP_PORT = 8000
 TRITON_GRPC_PORT = 8001
 
@@ -28,20 +41,48 @@ class ConfigError(Exception):
 
 
 class _Section(BaseModel):
-    # Unknown keys are reported (see load_model_config) but not fatal: real seed files carry
-    # vendor keys we do not use.
+    # Unknown keys are reported (see load_model_config) but not fatal: real files of Denglin's openai_api
+    # carry vendor keys we do not use.
     model_config = ConfigDict(extra="allow", populate_by_name=True, protected_namespaces=())
 
 
+def _is_offset_row(row: Sequence[int], ids: int) -> bool:
+    ends = [value for value in row if value >= 0]
+    return (bool(ends) and list(row) == ends + [-1] * (len(row) - len(ends))
+            and ends == sorted(ends) and ends[0] > 0 and ends[-1] <= ids)
+
+
+def token_words(value: Sequence[Sequence[int]]) -> list[list[int]]:
+    """`bad_words` / `stop_words` as Denglin's openai_api writes them, as a list of words (each a list of
+    token ids). Two layouts are accepted: FasterTransformer's two rows (all words' ids, then each word's
+    end offset padded with -1), as in Denglin's example, when the second row reads as offsets into the
+    first; anything else is already a list of words (empty ones dropped)."""
+    if len(value) == 2 and _is_offset_row(value[1], len(value[0])):
+        ids, words, start = value[0], [], 0
+        for end in value[1]:
+            if end < 0:
+                break
+            if end > start:
+                words.append(list(ids[start:end]))
+            start = end
+        return words
+    return [list(word) for word in value if word]
+
+
+# A word list of `model_infos`, read once here so that every reader gets a plain list of words.
+TokenWords = Annotated[list[list[int]], BeforeValidator(lambda value: [] if value is None else value),
+                       AfterValidator(token_words)]
+
+
 class ModelInfo(_Section):
-    """Generation defaults for one LLM (seed: `model_infos[]`)."""
+    """Generation defaults for one LLM (Denglin: `model_infos[]`)."""
 
     name: str
     start_id: int | None = None
     end_id: int | None = None
     max_len: Annotated[int, Field(gt=0)] | None = None
-    bad_words: list[list[int]] | None = None
-    stop_words: list[list[int]] | None = None
+    bad_words: TokenWords = Field(default_factory=list)
+    stop_words: TokenWords = Field(default_factory=list)
     temperature: Annotated[float, Field(ge=0)] | None = None
     repetition_penalty: Annotated[float, Field(gt=0)] | None = None
     top_k: Annotated[int, Field(ge=0)] | None = None
@@ -72,8 +113,9 @@ class TritonModelEntry(_Section):
     def triton_grpc_url(self) -> str:
         """Where to reach Triton over gRPC.
 
-        The seed points embedding and rerank models at Triton's HTTP port; tritongate speaks gRPC, so
-        the default HTTP port 8000 becomes the default gRPC port 8001 unless `grpc_url` says otherwise.
+        Denglin's openai_api points embedding and rerank models at Triton's HTTP port; tritongate speaks
+        gRPC, so the default HTTP port 8000 becomes the default gRPC port 8001 unless `grpc_url` says
+        otherwise.
         """
         if self.grpc_url:
             return self.grpc_url
@@ -84,7 +126,7 @@ class TritonModelEntry(_Section):
 
 
 class LlmModel(TritonModelEntry):
-    """A chat/completions model (seed: `llm[]`)."""
+    """A chat/completions model (Denglin: `llm[]`)."""
 
     chat_template: str | None = None
     backend: Literal["fastertransformer", "tensorrt_llm", "vllm"] = "fastertransformer"
@@ -94,7 +136,10 @@ class LlmModel(TritonModelEntry):
         description="Constant scalar inputs added to every Triton request (e.g. FT's `len_penalty`), by "
         "tensor name; the data type comes from the Triton model's configuration",
     )
-    max_n: Annotated[int, Field(gt=0, le=128)] = Field(16, description="Largest `n` (completions per prompt)")
+    # The edge bounds `n` by MAX_N for every model; this is the model's own, lower bound.
+    max_n: Annotated[int, Field(gt=0, le=MAX_N)] = Field(
+        DEFAULT_MAX_N, description="Largest `n` (completions per prompt)"
+    )
     max_choices: Annotated[int, Field(gt=0)] = Field(
         64, description="Most completions one request may ask for: prompts times `n`"
     )
@@ -121,7 +166,7 @@ class EncoderEntry(TritonModelEntry):
 
 
 class EmbeddingModel(EncoderEntry):
-    """An embedding model (seed: `embedding[]`)."""
+    """An embedding model (Denglin: `embedding[]`)."""
 
     pooling: Pooling = Field(
         "auto",
@@ -138,7 +183,7 @@ class RerankOutput(_Section):
 
 
 class RerankModel(EncoderEntry):
-    """A rerank (cross-encoder) model (seed: `rerank[]`)."""
+    """A rerank (cross-encoder) model (Denglin: `rerank[]`)."""
 
     output_config: RerankOutput = Field(default_factory=RerankOutput)
 
@@ -233,7 +278,7 @@ def _resolve_paths(config: ModelConfig, base: Path) -> None:
         entry.path = expand_path(entry.path, base)
     for llm in config.llm:
         if llm.chat_template:
-            # The seed names the template file relative to the config file; fall back to the model folder.
+            # Denglin's openai_api names the template file relative to the config file; else the model folder.
             candidate = Path(expand_path(llm.chat_template, base))
             if not candidate.exists():
                 candidate = Path(llm.path) / llm.chat_template

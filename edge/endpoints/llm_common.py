@@ -14,6 +14,7 @@ from tritongate.llm.v1 import llm_pb2
 from tritongate.wire import MAX_N
 
 MAX_STOPS = 4  # OpenAI's limit
+FLOAT32_MAX = 3.4028234e38
 
 Temperature = Annotated[float, Field(ge=0, le=2)]
 TopP = Annotated[float, Field(ge=0, le=1)]
@@ -21,7 +22,8 @@ Penalty = Annotated[float, Field(ge=-2, le=2)]
 N = Annotated[int, Field(ge=1, le=MAX_N)]  # each model's own `max_n` is the llm service's to check
 Seed = Annotated[int, Field(ge=-(2**63), lt=2**64)]
 TopK = Annotated[int, Field(ge=-1, le=UINT32_MAX)]  # -1 (vLLM) and 0 both mean no limit
-RepetitionPenalty = Annotated[float, Field(gt=0)]
+# Sent as float32: a larger value would arrive as infinity.
+RepetitionPenalty = Annotated[float, Field(gt=0, le=FLOAT32_MAX)]
 # What the validators below accept, as /openapi.json declares it.
 _STOP = {"type": "string", "minLength": 1}
 Stop = Annotated[Any, WithJsonSchema({"anyOf": [_STOP, {"type": "array", "maxItems": MAX_STOPS, "items": _STOP},

@@ -15,10 +15,9 @@ from collections.abc import Awaitable, Callable, Collection
 
 import grpc
 
-from services.common.errors import CODE_KEY
 from services.common.interceptors import around, method_of
+from tritongate.wire import CODE_KEY, OVERLOADED
 
-OVERLOADED = "overloaded"
 _NOT_COUNTED = frozenset({"ListModels"})
 
 

@@ -73,8 +73,11 @@ class Batcher:
         self._running: dict[asyncio.Task[None], list[_Waiting]] = {}  # Triton calls and whose rows they carry
 
     async def submit(self, rows: Sequence[Row]) -> np.ndarray:
+        """The call's output rows for `rows`, in order (no rows: no call, and a (0, 0) array)."""
+        if not rows:
+            return np.zeros((0, 0), dtype=np.float32)
         # Equal parts (100 rows with batch size 64: 50 + 50, not 64 + 36), so instances finish together.
-        size = max(1, math.ceil(len(rows) / math.ceil(len(rows) / self.batch_size))) if rows else 1
+        size = max(1, math.ceil(len(rows) / math.ceil(len(rows) / self.batch_size)))
         request_id = REQUEST_ID.get()
         parts = [_Waiting(rows[i:i + size], request_id) for i in range(0, len(rows), size)]
         self._waiting.extend(parts)

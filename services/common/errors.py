@@ -1,7 +1,8 @@
 """How services report failures: one exception type carrying a gRPC code and the offending parameter.
 
 The edge turns these into OpenAI error bodies in one table (edge/errors.py); the parameter travels in
-the `tg-param` trailing metadata and an OpenAI error `code` (e.g. "model_not_found") in `tg-code`.
+the PARAM_KEY trailing metadata and an OpenAI error `code` (e.g. "model_not_found") in CODE_KEY (both
+keys in tritongate/wire.py, which the edge reads too).
 """
 
 from __future__ import annotations
@@ -14,10 +15,9 @@ from typing import Any, TypeVar
 
 import grpc
 
-log = logging.getLogger(__name__)
+from tritongate.wire import CODE_KEY, PARAM_KEY
 
-PARAM_KEY = "tg-param"
-CODE_KEY = "tg-code"
+log = logging.getLogger(__name__)
 
 
 class ServiceError(Exception):

@@ -1,9 +1,11 @@
 """Per-RPC bookkeeping of the gRPC services, and their Prometheus metrics.
 
-The interceptor binds the caller's request id (`x-request-id` metadata) for the handler's log lines and
-Triton calls, and counts RPCs started, handled (by status code), in flight, and their latency, under the
-names go-grpc-prometheus made common. Triton calls and encoder batches are measured too. Served over
-HTTP on TRITONGATE_METRICS_PORT (`--metrics-port`; 0 = off)."""
+The interceptor is THE one place a service reads the request id: it takes it from the RPC's metadata
+(tritongate.wire.REQUEST_ID_KEY, the only carrier) and binds it (tritongate.logs.REQUEST_ID) for the
+handler's log lines and Triton calls; everything else reads `REQUEST_ID.get()`. It also counts RPCs
+started, handled (by status code), in flight, and their latency, under the names go-grpc-prometheus
+made common. Triton calls and encoder batches are measured too. Served over HTTP on
+TRITONGATE_METRICS_PORT (`--metrics-port`; 0 = off)."""
 
 from __future__ import annotations
 
@@ -18,7 +20,8 @@ import grpc
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 from services.common.interceptors import around, kind_of, method_of
-from tritongate.logs import NO_REQUEST, REQUEST_ID_HEADER, bind_request_id, sane_request_id
+from tritongate.logs import NO_REQUEST, bind_request_id, sane_request_id
+from tritongate.wire import REQUEST_ID_KEY
 
 _LABELS = ("grpc_service", "grpc_method", "grpc_type")
 
@@ -67,12 +70,14 @@ class _Rpc:
 
 
 def _request_id(metadata: Sequence[tuple[str, Any]] | None) -> str:
-    value = next((v for k, v in metadata or () if k == REQUEST_ID_HEADER), None)
+    """The caller's request id from the metadata, when it is safe to log and send on."""
+    value = next((v for k, v in metadata or () if k == REQUEST_ID_KEY), None)
     return sane_request_id(value if isinstance(value, str) else None) or NO_REQUEST
 
 
 class MetricsInterceptor(grpc.aio.ServerInterceptor):
-    """Wraps every method handler of the server it is installed on (install it first: outermost)."""
+    """Wraps every method handler of the server it is installed on (install it first: outermost), so
+    that the request id is bound before anything else of the RPC runs."""
 
     async def intercept_service(
         self,

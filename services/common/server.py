@@ -8,7 +8,7 @@ import contextlib
 import logging
 import signal
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -20,9 +20,11 @@ from grpc_reflection.v1alpha import reflection
 from services.common.admission import AdmissionInterceptor
 from services.common.errors import ServiceError, model_not_found, rpc
 from services.common.metrics import MetricsInterceptor, handled_by_code, in_flight
-from services.common.triton import MAX_MESSAGE_BYTES, Triton
+from services.common.triton import Triton
 from tritongate.common.v1 import common_pb2
 from tritongate.config import TritonModelEntry
+from tritongate.registry import ModelKind, ServiceInfo
+from tritongate.wire import MAX_MESSAGE_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +36,7 @@ LIVENESS = "liveness"
 class ServedModel:
     """A configured model backed by a Triton model; subclasses add tokenization and inference."""
 
-    kind = ""
+    kind: ModelKind = common_pb2.MODEL_KIND_UNSPECIFIED  # subclasses: their service's (tritongate/registry.py)
 
     def __init__(self, entry: TritonModelEntry, triton: Triton) -> None:
         self.entry = entry
@@ -127,18 +129,22 @@ class ListModelsServicer(Generic[M]):
 
 @dataclass
 class ServiceSpec:
-    """What a service contributes to the shared server: its gRPC name, servicer and models."""
+    """What a service contributes to the shared server: its registry entry (gRPC name and generated
+    registration) and its servicer, which holds the models."""
 
-    name: str
-    add_servicer: Callable[[grpc.aio.Server], None]
-    models: ModelSet[Any]
+    service: ServiceInfo
+    servicer: ListModelsServicer[Any]
 
-    @classmethod
-    def of(cls, pb2: Any, service: str, add: Callable[[Any, grpc.aio.Server], None],
-           servicer: ListModelsServicer[Any]) -> ServiceSpec:
-        """E.g. ServiceSpec.of(embed_pb2, "EmbedService", add_EmbedServiceServicer_to_server, servicer)."""
-        return cls(pb2.DESCRIPTOR.services_by_name[service].full_name,
-                   lambda server: add(servicer, server), servicer.models)
+    @property
+    def grpc_service(self) -> str:
+        return self.service.grpc_service
+
+    @property
+    def models(self) -> ModelSet[Any]:
+        return self.servicer.models
+
+    def add_to(self, server: grpc.aio.Server) -> None:
+        self.service.add_servicer(self.servicer, server)
 
 
 @dataclass
@@ -188,25 +194,26 @@ async def start_service(
     """Start serving on host:port (0 picks a free port), over TLS when `credentials` are given; health is
     NOT_SERVING until Triton is ready."""
     # Metrics first (outermost), so that refusals for overload are counted too.
-    interceptors = [MetricsInterceptor(), AdmissionInterceptor(max_in_flight, (spec.name,))]
+    name = spec.grpc_service
+    interceptors = [MetricsInterceptor(), AdmissionInterceptor(max_in_flight, (name,))]
     server = grpc.aio.server(interceptors=interceptors, options=server_options(max_connection_age_ms, grace_s))
-    spec.add_servicer(server)
+    spec.add_to(server)
     health_servicer = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
-        (spec.name, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
+        (name, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
         server,
     )
     address = f"{host}:{port}"
     bound = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
     if bound == 0:
         raise OSError(f"cannot listen on {host}:{port}")
-    for name in ("", spec.name):
-        await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+    for health_name in ("", name):
+        await health_servicer.set(health_name, health_pb2.HealthCheckResponse.NOT_SERVING)
     await health_servicer.set(LIVENESS, health_pb2.HealthCheckResponse.SERVING)
     await server.start()
-    log.info("%s listening on %s:%d%s", spec.name, host, bound, " (TLS)" if credentials else "")
-    watcher = asyncio.create_task(_watch_readiness(spec.models, health_servicer, ("", spec.name), triton))
+    log.info("%s listening on %s:%d%s", name, host, bound, " (TLS)" if credentials else "")
+    watcher = asyncio.create_task(_watch_readiness(spec.models, health_servicer, ("", name), triton))
     return RunningService(server, bound, health_servicer, watcher, triton)
 
 

@@ -17,10 +17,10 @@ from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from services.common.errors import ServiceError
 from services.common.metrics import triton_call
+from tritongate.wire import MAX_MESSAGE_BYTES
 
 log = logging.getLogger(__name__)
 
-MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 _CHANNEL_ARGS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),

@@ -13,6 +13,7 @@ from services.common.triton import Triton
 from tritongate.common.v1 import common_pb2
 from tritongate.config import EmbeddingModel, Pooling
 from tritongate.embed.v1 import embed_pb2
+from tritongate.registry import EMBED
 
 
 def folder_pooling(path: str) -> str:
@@ -40,7 +41,7 @@ def normalize(vectors: np.ndarray) -> np.ndarray:
 
 
 class Embedder(EncoderModel):
-    kind = "embedding"
+    kind = EMBED.kind
     entry: EmbeddingModel
 
     def __init__(self, entry: EmbeddingModel, triton: Triton) -> None:

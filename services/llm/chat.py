@@ -1,10 +1,11 @@
 """Chat templates, rendered as transformers' `apply_chat_template` renders them, in a sandbox.
 
-Templates come with model folders (or the seed config's `.jinja` file) and are untrusted code: they run
-in Jinja's ImmutableSandboxedEnvironment with the globals transformers gives them (`raise_exception`,
-`strftime_now`, `namespace`, a `tojson` that keeps non-ASCII text) and the tokenizer's special tokens
-(`bos_token`, `eos_token`, ...). A template that raises (e.g. "roles must alternate") is the client's
-mistake and becomes INVALID_ARGUMENT with the template's message.
+Templates come with model folders (or the `.jinja` file an `llm[]` entry names in `chat_template`, as in
+Denglin's openai_api) and are untrusted code: they run in Jinja's ImmutableSandboxedEnvironment with the
+globals transformers gives them (`raise_exception`, `strftime_now`, `namespace`, a `tojson` that keeps
+non-ASCII text) and the tokenizer's special tokens (`bos_token`, `eos_token`, ...). A template that
+raises (e.g. "roles must alternate") is the client's mistake and becomes INVALID_ARGUMENT with the
+template's message.
 """
 
 from __future__ import annotations
@@ -120,7 +121,7 @@ class ChatTemplate:
 
 
 def load_chat_template(tokenizer: Any, override: str | None, model: str) -> ChatTemplate | None:
-    """The seed config's `chat_template` file if set, else the model folder's template, else None."""
+    """The configuration's `chat_template` file if set, else the model folder's template, else None."""
     special = dict(getattr(tokenizer, "special_tokens_map", {}) or {})
     if override:
         path = Path(override)

@@ -50,30 +50,6 @@ def encode_words(words: Sequence[Sequence[int]]) -> np.ndarray:
     return array
 
 
-def _is_offset_row(row: Sequence[int], ids: int) -> bool:
-    ends = [value for value in row if value >= 0]
-    return (bool(ends) and list(row) == ends + [-1] * (len(row) - len(ends))
-            and ends == sorted(ends) and ends[0] > 0 and ends[-1] <= ids)
-
-
-def seed_words(value: Sequence[Sequence[int]] | None) -> list[list[int]]:
-    """The seed config's `bad_words` / `stop_words`: FT's two-row layout (ids, then end offsets padded
-    with -1), as FT's examples write it, when the second row reads as offsets into the first; otherwise
-    a list of words, each a list of token ids. Either way: a list of words."""
-    if not value:
-        return []
-    if len(value) == 2 and _is_offset_row(value[1], len(value[0])):
-        ids, words, start = value[0], [], 0
-        for end in value[1]:
-            if end < 0:
-                break
-            if end > start:
-                words.append(list(ids[start:end]))
-            start = end
-        return words
-    return [list(word) for word in value if word]
-
-
 class FasterTransformer:
     """The FT tensor interface on one Triton model."""
 

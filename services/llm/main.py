@@ -7,9 +7,9 @@ from services.common.triton import Triton
 from services.llm.model import LanguageModel
 from services.llm.servicer import LlmServicer
 from tritongate.config import ModelConfig
-from tritongate.llm.v1 import llm_pb2, llm_pb2_grpc
+from tritongate.registry import LLM
 
 
 def build(config: ModelConfig, triton: Triton) -> ServiceSpec:
     models = ModelSet(LanguageModel(entry, config.model_info(entry.name), triton) for entry in config.llm)
-    return ServiceSpec.of(llm_pb2, "LlmService", llm_pb2_grpc.add_LlmServiceServicer_to_server, LlmServicer(models))
+    return ServiceSpec(LLM, LlmServicer(models))

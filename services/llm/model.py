@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from services.common.errors import invalid_argument
@@ -13,17 +14,25 @@ from services.common.tokenizer import load_tokenizer
 from services.common.triton import Triton
 from services.llm.backends import LlmBackend, Sampling
 from services.llm.chat import load_chat_template
+from services.llm.completion import Completion, coalesce, merge
 from services.llm.detokenizer import TokenText, text_decoder
 from services.llm.fastertransformer import FasterTransformer
-from services.llm.generation import Completion, coalesce, merge
-from services.llm.params import Defaults, check_request, choice_seeds, for_choice, max_new_tokens, sampling
+from services.llm.params import (
+    GenerationPolicy,
+    PromptParam,
+    check_request,
+    choice_seeds,
+    for_choice,
+    max_new_tokens,
+    sampling,
+)
 from tritongate.common.v1 import common_pb2
 from tritongate.config import ConfigError, LlmModel, ModelInfo
 from tritongate.llm.v1 import llm_pb2
+from tritongate.logs import REQUEST_ID
+from tritongate.registry import LLM
 
 log = logging.getLogger(__name__)
-
-ROLES = ("system", "user", "assistant")
 
 
 def make_backend(entry: LlmModel, triton: Triton) -> LlmBackend:
@@ -33,17 +42,30 @@ def make_backend(entry: LlmModel, triton: Triton) -> LlmBackend:
                       "(supported: fastertransformer)")
 
 
+@dataclass(frozen=True)
+class PromptSet:
+    """A request's prompts: each one's token ids, the text `echo` sends back before its completions ("" when
+    not echoing), and the request parameter that holds them (named in errors)."""
+
+    ids: list[list[int]]
+    echoes: list[str]
+    param: PromptParam
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(ids) for ids in self.ids)
+
+
 class LanguageModel(ServedModel):
-    kind = "llm"
+    kind = LLM.kind
     entry: LlmModel
 
     def __init__(self, entry: LlmModel, info: ModelInfo, triton: Triton) -> None:
         super().__init__(entry, triton)
         self.tokenizer = load_tokenizer(entry.path, entry.name)
-        self.vocab_size = len(self.tokenizer)
         self.template = load_chat_template(self.tokenizer, entry.chat_template, entry.name)
-        self.defaults = Defaults.of(info, self.tokenizer, entry.path)
         self.backend = make_backend(entry, triton)
+        self.policy = GenerationPolicy.of(entry, info, self.tokenizer, self.backend)
         self.decode = text_decoder(self.tokenizer)
         self.token_text = TokenText(self.tokenizer)
 
@@ -52,19 +74,14 @@ class LanguageModel(ServedModel):
 
     def card(self) -> common_pb2.ModelCard:
         card = super().card()
-        card.max_model_len = self.defaults.max_len
+        card.max_model_len = self.policy.context_length
         return card
 
     def tokenize(self, text: str, special: bool) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=special))
 
     def chat_prompt(self, chat: llm_pb2.Chat) -> list[int]:
-        if not chat.messages:
-            raise invalid_argument("`messages` must not be empty.", "messages")
-        for i, message in enumerate(chat.messages):
-            if message.role not in ROLES:
-                raise invalid_argument(f"`messages[{i}].role` is {message.role!r}; supported roles: "
-                                       f"{', '.join(ROLES)}.", f"messages[{i}].role")
+        """The messages (roles already checked by the edge) through the chat template, as token ids."""
         if self.template is None:
             raise invalid_argument(f"Model `{self.name}` has no chat template: use /v1/completions, or set "
                                    "`chat_template` in the model configuration.", "model")
@@ -72,61 +89,60 @@ class LanguageModel(ServedModel):
                     for m in chat.messages]
         return self.tokenize(self.template.render(messages, add_generation_prompt=True), special=False)
 
-    def prompts(self, request: llm_pb2.GenerateRequest) -> tuple[list[list[int]], list[str], str]:
-        """Each prompt's token ids, the text `echo` sends back, and the parameter that names the prompt."""
+    def prompts(self, request: llm_pb2.GenerateRequest) -> PromptSet:
+        """The chat through the template, or each prompt (text or token ids) checked against the vocabulary."""
         if request.WhichOneof("input") == "chat":
-            return [self.chat_prompt(request.chat)], [""], "messages"
-        if not request.prompts.prompts:
-            raise invalid_argument("`prompt` must not be empty.", "prompt")
+            return PromptSet([self.chat_prompt(request.chat)], [""], "messages")
         prompts, echoes = [], []
+        vocab = self.policy.vocab_size
         for i, prompt in enumerate(request.prompts.prompts):
             if prompt.WhichOneof("prompt") == "token_ids":
                 ids = list(prompt.token_ids.ids)
-                bad = next((t for t in ids if t >= self.vocab_size), None)
+                bad = next((t for t in ids if t >= vocab), None)
                 if bad is not None:
                     raise invalid_argument(f"`prompt` contains token id {bad}, outside the vocabulary of "
-                                           f"`{self.name}` (0..{self.vocab_size - 1}).", "prompt")
+                                           f"`{self.name}` (0..{vocab - 1}).", "prompt")
                 echo = str(self.tokenizer.decode(ids)) if request.echo else ""
             else:
-                ids, echo = self.tokenize(prompt.text, special=True), prompt.text
-            if not ids:
+                ids = self.tokenize(prompt.text, special=True)
+                echo = prompt.text if request.echo else ""
+            if not ids:  # e.g. "" with a tokenizer that adds no special tokens
                 raise invalid_argument(f"`prompt` {i} is empty." if len(request.prompts.prompts) > 1
                                        else "`prompt` is empty.", "prompt")
             prompts.append(ids)
             echoes.append(echo)
-        return prompts, echoes, "prompt"
+        return PromptSet(prompts, echoes, "prompt")
 
     async def generate(self, request: llm_pb2.GenerateRequest, timeout: float | None
                        ) -> AsyncIterator[llm_pb2.GenerateResponse]:
         """Accepted, then the deltas of all completions as they come, then the usage."""
-        prompts, echoes, prompt_param = self.prompts(request)
-        n = check_request(request, len(prompts), self.entry.max_choices, self.entry.max_n)
-        await self.ensure_ready()
-        base, stops = sampling(request, self.defaults, self.backend, self.name, self.vocab_size,
-                               lambda text: self.tokenize(text, special=False))
-        limits = [max_new_tokens(request, len(ids), self.defaults.max_len, prompt_param,
-                                 self.entry.max_completion_tokens) for ids in prompts]
+        prompts = self.prompts(request)
+        n = check_request(request, self.policy, len(prompts.ids))
+        await self.ensure_ready()  # the backend's knobs are known from here on
+        base, stops = sampling(request, self.policy)
+        limits = [max_new_tokens(request, self.policy, len(ids), prompts.param) for ids in prompts.ids]
         seeds = choice_seeds(request, n)
-        token_stops = [[self.defaults.end_id]] if self.defaults.end_id is not None else []
-        token_stops += self.defaults.stop_words or []
+        request_id = REQUEST_ID.get()  # bound from the RPC's metadata (services/common/metrics.py)
+        defaults = self.policy.defaults
+        token_stops = ([[defaults.end_id]] if defaults.end_id is not None else []) + defaults.stop_words
         completions, streams = [], []
-        for p, ids in enumerate(prompts):
+        for p, ids in enumerate(prompts.ids):
             for j in range(n):
-                completion = Completion(p * n + j, ids, limits[p], token_stops, stops, self.decode,
-                                        self.token_text, echoes[p] if request.echo else "")
+                index = p * n + j
+                completion = Completion(index, ids, limits[p], token_stops, stops, self.decode, self.token_text,
+                                        prompts.echoes[p])
                 completions.append(completion)
-                choice = for_choice(base, limits[p], seeds[j], f"{request.request_id}-{p * n + j}")
+                choice = for_choice(base, limits[p], seeds[j], request_id, index)
                 streams.append(self._run(completion, ids, choice, timeout))
-        prompt_tokens = sum(len(ids) for ids in prompts)
-        log.debug("%d prompt tokens, %d choices", prompt_tokens, len(completions))
-        yield llm_pb2.GenerateResponse(accepted=llm_pb2.Accepted(prompt_tokens=prompt_tokens,
+        log.debug("%d prompt tokens, %d choices", prompts.tokens, len(completions))
+        yield llm_pb2.GenerateResponse(accepted=llm_pb2.Accepted(prompt_tokens=prompts.tokens,
                                                                  choices=len(completions)))
         async for batch in merge(streams):
             for delta in coalesce(batch):
                 yield llm_pb2.GenerateResponse(delta=delta)
         generated = sum(completion.consumed for completion in completions)
         yield llm_pb2.GenerateResponse(usage=common_pb2.Usage(
-            prompt_tokens=prompt_tokens, completion_tokens=generated, total_tokens=prompt_tokens + generated))
+            prompt_tokens=prompts.tokens, completion_tokens=generated, total_tokens=prompts.tokens + generated))
 
     async def _run(self, completion: Completion, prompt: Sequence[int], sampling: Sampling, timeout: float | None
                    ) -> AsyncGenerator[llm_pb2.Delta, None]:

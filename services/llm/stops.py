@@ -1,5 +1,5 @@
 """Where a completion ends: stop strings matched on the decoded text, and stop words given as token ids
-(the end id, the seed's `stop_words`) matched on the generated tokens.
+(the end id, `model_infos` `stop_words`) matched on the generated tokens.
 
 Both matchers hold back what might be the beginning of a stop, so nothing of a stop ever goes out,
 even when it is split across tokens or across responses.

@@ -11,6 +11,7 @@ from services.common.errors import invalid_argument
 from services.common.triton import Triton
 from tritongate.common.v1 import common_pb2
 from tritongate.config import RerankModel
+from tritongate.registry import RERANK
 from tritongate.rerank.v1 import rerank_pb2
 
 
@@ -26,7 +27,7 @@ def scores(logits: np.ndarray, process: str) -> np.ndarray:
 
 
 class Reranker(EncoderModel):
-    kind = "rerank"
+    kind = RERANK.kind
     entry: RerankModel
 
     def __init__(self, entry: RerankModel, triton: Triton) -> None:
@@ -59,8 +60,8 @@ class Reranker(EncoderModel):
         return rows
 
     async def rerank(self, request: rerank_pb2.RerankRequest, timeout: float | None) -> rerank_pb2.RerankResponse:
-        if not request.documents:
-            raise invalid_argument("`documents` must not be empty", "documents")
+        if not request.documents:  # nothing to score (the edge refuses this for its clients)
+            return rerank_pb2.RerankResponse(model=self.name, usage=common_pb2.Usage())
         truncate = request.truncate if request.HasField("truncate") else self.entry.truncate
         rows = self.tokenize(request.query, request.documents, truncate)
         logits = await self.run(rows, timeout)

@@ -17,15 +17,15 @@ import jsonschema
 import pytest
 import yaml
 
-from services.runner import SECTIONS
-from tritongate.cli import build_parser
+from launcher.cli import build_parser
+from tritongate import registry
 from tritongate.config import load_model_config
 from tritongate.settings import DEPLOY_DIR, Settings
 from tritongate.triton_local import TritonProcess
 
 COMPOSE = DEPLOY_DIR / "compose.yaml"
 OVERRIDES = [DEPLOY_DIR / "compose.gpu.yaml", DEPLOY_DIR / "compose.external-triton.yaml"]
-SERVICES = ("llm", "embed", "rerank")
+SERVICES = registry.NAMES
 DEFAULTS = Settings()
 
 
@@ -184,7 +184,7 @@ def test_the_edge_reaches_every_service_by_dns_at_its_default_port() -> None:
         assert match, target
         host, port = match[1], int(match[2])
         assert host == name and host in compose()["services"]
-        assert port == getattr(DEFAULTS, f"{name}_port")
+        assert port == DEFAULTS.port(name)
         assert f"TRITONGATE_{name.upper()}_PORT" not in environment(name)  # the service listens there too
         assert str(port) in service(name)["expose"]
         assert depends[name] == {"condition": "service_healthy"}
@@ -245,9 +245,9 @@ def test_services_read_the_mounted_model_config_and_triton_serves_its_models() -
     assert triton_mounts[triton["environment"]["TRITONGATE_MODELS_DIR"]] == env["TRITONGATE_MODELS"]
 
     config = load_model_config(config_file)
-    for name, section in SECTIONS.items():
-        entries = getattr(config, section)
-        assert entries, f"the compose config serves no {section} model, but runs the {name} service"
+    for info in registry.SERVICES:
+        entries = getattr(config, info.section)
+        assert entries, f"the compose config serves no {info.section} model, but runs the {info.name} service"
         for entry in entries:
             host, port = entry.triton_grpc_url.rsplit(":", 1)
             assert host == "triton" and port in triton["expose"]
@@ -258,7 +258,7 @@ def test_compose_config_is_the_demo_config_on_the_triton_service() -> None:
     """Every model of deploy/model_config.json runs in compose too, configured the same way."""
     demo = json.loads((DEPLOY_DIR / "model_config.json").read_text())
     ours = json.loads((DEPLOY_DIR / dotenv(DEPLOY_DIR / ".env")["TRITONGATE_MODEL_CONFIG"]).read_text())
-    for section in ("llm", "embedding", "rerank"):
+    for section in (info.section for info in registry.SERVICES):
         by_name = {entry["name"]: entry for entry in ours.get(section, [])}
         for entry in demo.get(section, []):
             assert entry["name"] in by_name, f"{section} model {entry['name']} is missing from the compose config"

@@ -79,7 +79,7 @@ def test_the_models_image_writes_what_the_triton_image_reads() -> None:
 
 def test_components_do_not_import_torch() -> None:
     """The runtime image has no torch: importing every component must not need it."""
-    modules = ["edge.app", "services.runner", "tritongate.cli", "tritongate.healthcheck",
+    modules = ["edge.app", "services.runner", "launcher.cli", "launcher.healthcheck", "launcher.stack",
                *(f"services.{p.parent.name}.main" for p in sorted((REPO_ROOT / "services").glob("*/main.py")))]
     code = f"import importlib, sys\nfor m in {modules!r}: importlib.import_module(m)\n" \
            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))"

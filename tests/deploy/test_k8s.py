@@ -14,12 +14,13 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from launcher.cli import build_parser
 from services.common.server import LIVENESS
-from tritongate.cli import build_parser
+from tritongate import registry
 from tritongate.settings import DEPLOY_DIR, Settings
 
 K8S = DEPLOY_DIR / "k8s"
-SERVICES = ("llm", "embed", "rerank")
+SERVICES = registry.NAMES
 DEFAULTS = Settings()
 # grpc probes are GA from 1.27; check that release and the newest the schemas cover.
 VERSIONS = ["1.27.0", kubernetes_validate.latest_version()]
@@ -91,7 +92,7 @@ def test_the_schema_check_catches_broken_manifests() -> None:
 
 def test_each_grpc_service_is_headless_with_grpc_probes() -> None:
     for name in SERVICES:
-        port = getattr(DEFAULTS, f"{name}_port")
+        port = DEFAULTS.port(name)
         service, deployment = get("Service", name), get("Deployment", name)
         assert service["spec"]["clusterIP"] == "None"
         assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
@@ -140,7 +141,7 @@ def test_edge_is_a_normal_service_reaching_the_headless_services() -> None:
     for name in SERVICES:
         match = re.fullmatch(r"dns:///([\w-]+):(\d+)", env("edge")[f"TRITONGATE_{name.upper()}_TARGET"])
         assert match and get("Service", match[1])["spec"]["clusterIP"] == "None"
-        assert int(match[2]) == getattr(DEFAULTS, f"{name}_port")
+        assert int(match[2]) == DEFAULTS.port(name)
     grace = float(env("edge")["TRITONGATE_SHUTDOWN_GRACE_S"])
     assert grace >= max(float(env(name)["TRITONGATE_SHUTDOWN_GRACE_S"]) for name in SERVICES)
 
@@ -150,7 +151,7 @@ def test_services_read_the_model_config_map() -> None:
     compose_config = json.loads((DEPLOY_DIR / "model_config.compose.json").read_text())
     assert json.loads(config_map["data"]["model_config.json"]) == compose_config  # the same demo on `triton`
     triton_ports = {p["port"] for p in get("Service", "triton")["spec"]["ports"]}
-    for section in ("llm", "embedding", "rerank"):
+    for section in (info.section for info in registry.SERVICES):
         for entry in compose_config[section]:
             host, port = entry["url"].split(":")
             assert host == "triton" and int(port) in triton_ports

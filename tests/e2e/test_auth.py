@@ -17,10 +17,11 @@ import pytest
 
 from edge.app import create_app
 from edge.auth import OPEN_PATHS
-from tests.conftest import LocalStack, _spawn, free_port, wait_until
-from tests.openai_schema import validate
+from launcher.stack import LocalStack, http_ok
+from tests.support.openai_schema import validate
+from tests.support.ports import free_port, wait_until
+from tests.support.stack import spawn as _spawn
 from tritongate.settings import Settings
-from tritongate.up import http_ok
 
 KEY_FROM_ENV = "tg-env-key-4f9d0c2b7a"
 KEY_FROM_FILE = "tg-file-key-81e3a6d5c0-much-longer-than-the-other"

@@ -13,8 +13,8 @@ import httpx
 import openai
 import pytest
 
-from tests.e2e.streams import stream_chunks, stream_events
-from tests.openai_schema import validate
+from tests.support.openai_schema import validate
+from tests.support.streams import stream_chunks, stream_events
 
 SMOLLM2 = "smollm2-135m-instruct"
 ECHO = "ft-echo"

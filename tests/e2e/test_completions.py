@@ -18,10 +18,11 @@ import httpx
 import openai
 import pytest
 
-from tests.conftest import LocalStack, _spawn, free_port, wait_until
-from tests.e2e.streams import stream_chunks, stream_events, validate_completion_chunk
-from tests.openai_schema import validate
-from tritongate.up import http_ok
+from launcher.stack import LocalStack, http_ok
+from tests.support.openai_schema import validate
+from tests.support.ports import free_port, wait_until
+from tests.support.stack import spawn as _spawn
+from tests.support.streams import stream_chunks, stream_events, validate_completion_chunk
 
 ECHO = "ft-echo"
 SLOW = "ft-echo-slow"  # 50 ms per token: one chunk per token

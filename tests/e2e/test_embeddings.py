@@ -11,8 +11,8 @@ import numpy as np
 import openai
 import pytest
 
-from tests.conftest import BODY_LIMIT
-from tests.openai_schema import validate
+from tests.support.openai_schema import validate
+from tests.support.stack import BODY_LIMIT
 
 MODEL = "all-minilm-l6-v2"
 HIDDEN = "all-minilm-l6-v2-hidden"  # same Triton model, hidden states pooled in the service, 4 rows per call

@@ -23,13 +23,15 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import TESTS, LocalStack, _spawn, free_port, stack_settings, wait_until
-from tests.e2e.streams import parse_events
-from tests.openai_schema import validate
-from tritongate.healthcheck import probe
+from launcher.healthcheck import probe
+from launcher.stack import LocalStack, grpc_serving, http_ok
+from tests.support.openai_schema import validate
+from tests.support.ports import free_port, wait_until
+from tests.support.stack import TESTS, stack_settings
+from tests.support.stack import spawn as _spawn
+from tests.support.streams import parse_events
 from tritongate.settings import DEPLOY_DIR, default_cache_dir
 from tritongate.triton_local import TritonProcess, start_triton
-from tritongate.up import grpc_serving, http_ok
 
 CHAT = "ft-echo"
 SLOW = "ft-echo-slow"  # 50 ms per token

@@ -27,9 +27,9 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from tests.conftest import LocalStack
-from tests.e2e.streams import parse_events, validate_completion_chunk
-from tests.openai_schema import validate
+from launcher.stack import LocalStack
+from tests.support.openai_schema import validate
+from tests.support.streams import parse_events, validate_completion_chunk
 
 # The model each operation's valid requests use: the fast deterministic echo model for generation (never
 # the real LLM: a fuzzer would make it generate for minutes).

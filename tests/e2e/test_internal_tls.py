@@ -14,7 +14,8 @@ import httpx
 import pytest
 import trustme
 
-from tests.conftest import LocalStack, stack_settings
+from launcher.stack import LocalStack
+from tests.support.stack import stack_settings
 from tritongate.triton_local import TritonProcess
 
 KEY = "tg-tls-stack-key-0c7e1f"
@@ -51,7 +52,7 @@ def test_requests_cross_the_tls_channel(tls_stack: LocalStack) -> None:
 
 
 def _health_cli(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tritongate.cli", "health", "embed", "--timeout", "5"],
+    return subprocess.run([sys.executable, "-m", "launcher.cli", "health", "embed", "--timeout", "5"],
                           env=env, capture_output=True, text=True, timeout=30)
 
 

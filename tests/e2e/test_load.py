@@ -19,8 +19,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import LocalStack
-from tests.e2e.streams import parse_events
+from launcher.stack import LocalStack
+from tests.support.streams import parse_events
 
 CLIENTS = 64
 WARMUP_S = 4.0

@@ -13,9 +13,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import LocalStack, free_port, wait_until
-from tests.e2e.streams import parse_events
-from tritongate.up import http_ok
+from launcher.stack import LocalStack, http_ok
+from tests.support.ports import free_port, wait_until
+from tests.support.streams import parse_events
 
 CHAT = {"model": "ft-echo", "messages": [{"role": "user", "content": "one two three"}], "max_tokens": 5}
 EMBEDDING = "all-minilm-l6-v2"
@@ -154,7 +154,7 @@ def test_log_json_makes_every_edge_line_a_json_object(tmp_path: Path) -> None:
     port = free_port()
     log = tmp_path / "edge.log"
     with open(log, "wb") as out:
-        process = subprocess.Popen([sys.executable, "-m", "tritongate.cli", "edge", "--log-json", "--port", str(port)],
+        process = subprocess.Popen([sys.executable, "-m", "launcher.cli", "edge", "--log-json", "--port", str(port)],
                                    stdout=out, stderr=subprocess.STDOUT)
     try:
         wait_until(lambda: http_ok(f"http://127.0.0.1:{port}/health"), 20, "the edge", process)

@@ -16,10 +16,10 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import LocalStack, stack_settings
-from tests.openai_schema import validate
+from launcher.stack import LocalStack, grpc_serving
+from tests.support.openai_schema import validate
+from tests.support.stack import stack_settings
 from tritongate.triton_local import TritonProcess
-from tritongate.up import grpc_serving
 
 MAX_IN_FLIGHT = 4
 BURST = 10 * MAX_IN_FLIGHT

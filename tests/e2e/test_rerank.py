@@ -8,7 +8,7 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.openai_schema import validate
+from tests.support.openai_schema import validate
 
 MODEL = "minilm-rerank"
 RAW = "minilm-rerank-raw"  # the same Triton model, raw logits, max_tokens 64

@@ -26,8 +26,10 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
+from launcher.stack import grpc_serving
 from services.common.server import LIVENESS
-from tests.conftest import _spawn, free_port, grpc_serving, wait_until
+from tests.support.ports import free_port, wait_until
+from tests.support.stack import spawn as _spawn
 from tritongate.triton_local import TritonProcess
 
 MODEL = "all-minilm-l6-v2"
@@ -256,7 +258,7 @@ def two_replicas(cluster: Cluster) -> Pair:
 
 
 def tritongate_health(*args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
-    result = subprocess.run([sys.executable, "-m", "tritongate.cli", "health", *args], capture_output=True,
+    result = subprocess.run([sys.executable, "-m", "launcher.cli", "health", *args], capture_output=True,
                             text=True, env=env, timeout=30)
     return result.returncode, result.stdout.strip()
 

@@ -12,11 +12,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
 from services.common.admission import AdmissionInterceptor
-from services.common.errors import CODE_KEY
 from tritongate.common.v1 import common_pb2
 from tritongate.embed.v1 import embed_pb2, embed_pb2_grpc
+from tritongate.registry import EMBED
+from tritongate.wire import CODE_KEY, OVERLOADED
 
-SERVICE = "tritongate.embed.v1.EmbedService"
+SERVICE = EMBED.grpc_service
 LIMIT = 2
 
 
@@ -73,7 +74,7 @@ async def test_beyond_the_bound_inference_is_refused_at_once_and_probes_still_an
         error = info.value
         assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert f"limit of {LIMIT} concurrent requests (max_in_flight)" in (error.details() or "")
-        assert (CODE_KEY, "overloaded") in list(error.trailing_metadata() or ())
+        assert (CODE_KEY, OVERLOADED) in list(error.trailing_metadata() or ())
         assert servicer.started == LIMIT  # the refused call never reached the servicer
         # Health and ListModels are not counted: probes keep working under overload.
         health = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)

@@ -16,7 +16,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from services.common.server import RunningService, start_service
 from services.common.triton import Triton
 from services.embed.main import build
-from tests.conftest import free_port
+from tests.support.ports import free_port
 from tritongate.common.v1 import common_pb2
 from tritongate.config import load_model_config
 from tritongate.embed.v1 import embed_pb2, embed_pb2_grpc
@@ -75,7 +75,7 @@ async def test_embed_returns_float32_bytes_and_usage(service: RunningService) ->
     np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
     assert response.usage.prompt_tokens == 3 + 4
     card = next(m for m in models.models if m.id == "all-minilm-l6-v2")
-    assert card.kind == "embedding" and card.dimensions == 384 and card.max_model_len == 256
+    assert card.kind == common_pb2.MODEL_KIND_EMBEDDING and card.dimensions == 384 and card.max_model_len == 256
 
 
 @pytest.mark.parametrize(("request_", "code", "param"), [

@@ -14,17 +14,17 @@ import trustme
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from edge.clients import open_channel
+from launcher.healthcheck import probe
 from services.common.server import LIVENESS, RunningService, start_service
 from services.common.triton import Triton
 from services.embed.main import build
 from tritongate.common.v1 import common_pb2
 from tritongate.config import ConfigError, load_model_config
 from tritongate.embed.v1 import embed_pb2_grpc
-from tritongate.healthcheck import probe
+from tritongate.registry import EMBED
 from tritongate.settings import Settings
 from tritongate.tls import client_tls, server_credentials
 
-SERVICE = "tritongate.embed.v1.EmbedService"
 NAME = "embed.internal"  # the name in the certificate; clients dial 127.0.0.1, so they must override it
 
 
@@ -62,7 +62,7 @@ async def service(model_config_file: Path, pki: Pki) -> AsyncIterator[RunningSer
 def tls_channel(port: int, pki: Pki, server_name: str | None = NAME) -> grpc.aio.Channel:
     tls = client_tls(Settings(grpc_tls_ca=pki.ca, grpc_tls_server_name=server_name))
     assert tls is not None
-    return open_channel(f"127.0.0.1:{port}", SERVICE, ["ListModels"], tls)
+    return open_channel(f"127.0.0.1:{port}", EMBED, tls)
 
 
 async def test_the_edge_channel_with_the_ca_lists_models_and_reads_health(service: RunningService,

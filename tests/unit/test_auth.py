@@ -11,10 +11,10 @@ from fastapi.testclient import TestClient
 
 from edge.app import create_app
 from edge.auth import OPEN_PATHS, ApiKeyAuth, KeyChecker, bearer_token, load_api_keys, open_paths
-from tritongate.cli import build_parser, settings_from
+from launcher.cli import build_parser, settings_from
+from launcher.stack import LocalStack
 from tritongate.config import ConfigError
 from tritongate.settings import Settings
-from tritongate.up import LocalStack
 
 
 def test_a_comma_list_gives_each_key_once_without_blanks() -> None:

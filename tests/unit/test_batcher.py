@@ -124,3 +124,9 @@ async def test_a_triton_call_whose_callers_all_left_is_cancelled() -> None:
     await asyncio.sleep(0.01)
     assert cancelled == [[1], [2, 3]]
     await asyncio.gather(alone, *shared, return_exceptions=True)
+
+
+async def test_no_rows_make_no_call() -> None:
+    fake = FakeTriton()
+    result = await Batcher(fake, batch_size=8, slots=1).submit([])
+    assert fake.calls == [] and result.shape == (0, 0)

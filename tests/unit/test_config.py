@@ -1,31 +1,38 @@
+"""The model configuration file: Denglin's openai_api format accepted unchanged, tritongate's extensions,
+and errors that name the JSON path."""
+
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tritongate.config import ConfigError, load_model_config, parse_model_config
+from tritongate.config import ConfigError, ModelInfo, load_model_config, parse_model_config
+from tritongate.wire import DEFAULT_MAX_N, MAX_N
 
 DATA = Path(__file__).parent / "data"
+DENGLIN_EXAMPLE = DATA / "seed_model_config.json"  # the example file of Denglin's openai_api
 
 
-def test_seed_example_file_is_accepted_unchanged() -> None:
-    config = load_model_config(DATA / "seed_model_config.json")
+def test_denglin_example_file_is_accepted_unchanged() -> None:
+    config = load_model_config(DENGLIN_EXAMPLE)
     assert [m.name for m in config.llm] == ["chatglm2-6b"]
     info = config.model_info("chatglm2-6b")
-    assert info.end_id == -2 and info.max_len == 2048 and info.bad_words == [[7768, 3908], [1, 2]]
+    assert info.end_id == -2 and info.max_len == 2048
+    assert info.bad_words == [[7768], [3908]]  # FT's two-row layout [[7768, 3908], [1, 2]], read as words
     assert info.stop_words == [[2], [2]] and info.mask_positions == 1
     embedding = config.embedding[0]
     assert embedding.max_tokens == 512 and embedding.path == "/LocalRun/model_zoo/bge-large-zh-v1.5"
     rerank = config.rerank[0]
     assert rerank.input_config == {"input_ids": "input_ids", "attention_mask": "attention_mask"}
     assert rerank.output_config.name == "logits" and rerank.output_config.process == "normalize"
-    # The seed's chat template is named relative to the config file; it does not exist here, so the
-    # model folder is the fallback.
+    # The chat template is named relative to the config file; it does not exist here, so the model
+    # folder is the fallback.
     assert config.llm[0].chat_template == "/LocalRun/void_main_ft_with_llama/chatglm2-6b/chatglm2.jinja"
 
 
-def test_seed_http_port_maps_to_triton_grpc_port() -> None:
-    config = load_model_config(DATA / "seed_model_config.json")
+def test_denglin_http_port_maps_to_triton_grpc_port() -> None:
+    config = load_model_config(DENGLIN_EXAMPLE)
     assert config.embedding[0].triton_grpc_url == "127.0.0.1:8001"
     assert config.llm[0].triton_grpc_url == "127.0.0.1:8001"
     config.embedding[0].grpc_url = "triton:9001"
@@ -37,6 +44,22 @@ def test_defaults_for_extensions() -> None:
     entry = config.embedding[0]
     assert entry.url == "h:8001" and entry.triton_name == "e"
     assert entry.pooling == "auto" and entry.normalize and entry.truncate and entry.max_tokens == 512
+    llm = parse_model_config({"llm": [{"name": "l", "url": "u", "path": "/m"}]}).llm[0]
+    assert llm.max_n == DEFAULT_MAX_N and llm.max_choices == 64 and llm.max_completion_tokens is None
+
+
+@pytest.mark.parametrize(("value", "words"), [
+    ([[7768, 3908], [1, 2]], [[7768], [3908]]),  # FT's layout, as in Denglin's example
+    ([[2], [2]], [[2], [2]]),  # Denglin's stop_words: not offsets into one id, so two words
+    ([[5, 6, 7], [2, 3, -1]], [[5, 6], [7]]),
+    ([[1, 2, 3]], [[1, 2, 3]]),
+    ([[4, 5], [6], []], [[4, 5], [6]]),
+    (None, []),
+])
+def test_word_lists_in_either_layout_become_lists_of_words(value: Any, words: list[list[int]]) -> None:
+    info = ModelInfo(name="m", bad_words=value, stop_words=value)
+    assert info.bad_words == words and info.stop_words == words
+    assert ModelInfo(name="m").stop_words == []
 
 
 @pytest.mark.parametrize(
@@ -52,6 +75,9 @@ def test_defaults_for_extensions() -> None:
         ({"llm": [{"name": "x", "url": "u", "path": "p"}], "embedding": [{"name": "x", "url": "u", "path": "p"}]},
          "$.embedding[0].name: model id 'x' is already used at $.llm[0].name"),
         ({"model_infos": [{"name": "x", "max_len": 0}]}, "$.model_infos[0].max_len: Input should be greater than 0"),
+        ({"llm": [{"name": "x", "url": "u", "path": "p", "max_n": MAX_N + 1}]},
+         f"$.llm[0].max_n: Input should be less than or equal to {MAX_N}"),
+        ({"model_infos": [{"name": "x", "stop_words": [["a"]]}]}, "$.model_infos[0].stop_words[0][0]: Input should"),
         ([1, 2], "$: Input should be a valid dictionary"),
     ],
 )

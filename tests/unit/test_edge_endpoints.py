@@ -85,6 +85,10 @@ def test_completion_converter() -> None:
     ({"n": 129}, ("n",)),  # OpenAI's bound; each model's own (`max_n`) is the llm service's
     ({"max_tokens": 0}, ("max_tokens",)),
     ({"num_beams": 2}, ("num_beams",)),
+    ({"repetition_penalty": 1e300}, ("repetition_penalty",)),  # would travel as float32 infinity
+    ({"temperature": 2.5}, ("temperature",)),
+    ({"top_p": 1.5}, ("top_p",)),
+    ({"presence_penalty": 3}, ("presence_penalty",)),
 ])
 def test_chat_validation_locates_the_parameter(body: dict[str, Any], loc: tuple[Any, ...]) -> None:
     with pytest.raises(ValidationError) as info:

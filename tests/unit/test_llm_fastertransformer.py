@@ -11,7 +11,7 @@ import pytest
 
 from services.common.errors import ServiceError
 from services.llm.backends import Sampling
-from services.llm.fastertransformer import FasterTransformer, encode_words, seed_words
+from services.llm.fastertransformer import FasterTransformer, encode_words
 
 FT_INPUTS = {"input_ids": "UINT32", "input_lengths": "UINT32", "request_output_len": "UINT32",
              "runtime_top_k": "UINT32", "runtime_top_p": "FP32", "temperature": "FP32", "repetition_penalty": "FP32",
@@ -30,18 +30,6 @@ def test_word_list_layout() -> None:
     assert words.dtype == np.int32 and words.shape == (1, 2, 5)
     assert words[0].tolist() == [[5, 7, 8, 9, 11], [1, 4, 5, -1, -1]]
     assert encode_words([]).tolist() == [[[0], [-1]]]
-
-
-@pytest.mark.parametrize(("value", "words"), [
-    ([[7768, 3908], [1, 2]], [[7768], [3908]]),  # FT's layout, as in the seed's example
-    ([[2], [2]], [[2], [2]]),  # the seed's stop_words: not offsets into one id, so two words
-    ([[5, 6, 7], [2, 3, -1]], [[5, 6], [7]]),
-    ([[1, 2, 3]], [[1, 2, 3]]),
-    ([[4, 5], [6], []], [[4, 5], [6]]),
-    (None, []),
-])
-def test_seed_word_lists(value: Any, words: list[list[int]]) -> None:
-    assert seed_words(value) == words
 
 
 def test_tensors_follow_the_declared_types_and_skip_undeclared_inputs() -> None:

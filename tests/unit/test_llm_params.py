@@ -1,8 +1,10 @@
-"""OpenAI parameters → sampling: model_infos defaults, validation naming the parameter, backend knobs."""
+"""OpenAI parameters → sampling under a model's GenerationPolicy: model_infos defaults, the model's limits,
+validation naming the parameter, backend knobs."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Sequence
+from dataclasses import replace
 from typing import Any
 
 import grpc
@@ -10,9 +12,19 @@ import pytest
 
 from services.common.errors import ServiceError
 from services.llm.backends import Knob, Sampling, Step
-from services.llm.params import Defaults, check_request, choice_seeds, context_length, max_new_tokens, sampling
-from tritongate.config import ModelInfo
+from services.llm.params import (
+    Defaults,
+    GenerationPolicy,
+    check_request,
+    choice_seeds,
+    context_length,
+    for_choice,
+    max_new_tokens,
+    sampling,
+)
+from tritongate.config import LlmModel, ModelInfo
 from tritongate.llm.v1 import llm_pb2
+from tritongate.logs import NO_REQUEST
 
 
 class Backend:
@@ -33,12 +45,18 @@ class Backend:
 
 
 FT = Backend("presence_penalty", "logprobs", "bad_words", "stop_words", "seed", "top_k", "repetition_penalty")
-DEFAULTS = Defaults(max_len=100, end_id=2, start_id=None)
+POLICY = GenerationPolicy(model="m", defaults=Defaults(end_id=2), backend=FT, vocab_size=1000,
+                          tokenize=lambda text: [ord(c) for c in text], context_length=100, max_n=16,
+                          max_choices=64, max_completion_tokens=None)
 
 
-def resolve(backend: Backend = FT, defaults: Defaults = DEFAULTS, **fields: Any) -> tuple[Sampling, list[str]]:
+def policy(**fields: Any) -> GenerationPolicy:
+    return replace(POLICY, **fields)
+
+
+def resolve(backend: Backend = FT, defaults: Defaults = POLICY.defaults, **fields: Any) -> tuple[Sampling, list[str]]:
     request = llm_pb2.GenerateRequest(model="m", **fields)
-    return sampling(request, defaults, backend, "m", 1000, lambda text: [ord(c) for c in text])
+    return sampling(request, policy(backend=backend, defaults=defaults))
 
 
 def refused(param: str, **fields: Any) -> str:
@@ -62,8 +80,8 @@ def test_model_infos_defaults_apply_unless_the_request_says_otherwise() -> None:
     class Tokenizer:
         eos_token_id = 0
 
-    defaults = Defaults.of(info, Tokenizer(), "/nonexistent")
-    assert (defaults.max_len, defaults.end_id, defaults.start_id) == (64, 0, 1)  # -2: the tokenizer's end id
+    defaults = Defaults.of(info, Tokenizer())
+    assert (defaults.end_id, defaults.start_id) == (0, 1)  # -2: the tokenizer's end id
     base, _ = resolve(defaults=defaults)
     assert (base.temperature, base.top_p, base.top_k, base.repetition_penalty) == (0.3, 0.8, 5, 1.2)
     assert base.bad_words == [[7768], [3908]] and base.stop_words == [[2], [2]]
@@ -92,16 +110,6 @@ def test_logit_bias_bans_become_bad_words() -> None:
 
 
 @pytest.mark.parametrize(("param", "fields"), [
-    ("temperature", {"temperature": 2.5}),
-    ("temperature", {"temperature": float("nan")}),
-    ("top_p", {"top_p": 1.5}),
-    ("repetition_penalty", {"repetition_penalty": 0}),
-    ("repetition_penalty", {"repetition_penalty": float("inf")}),  # e.g. 1e300 sent as float32
-    ("presence_penalty", {"presence_penalty": 3}),
-    ("stop", {"stop": ["a", "b", "c", "d", "e"]}),
-    ("stop", {"stop": [""]}),
-    ("logit_bias", {"logit_bias": {5: 50}}),
-    ("logit_bias", {"logit_bias": {5: -101}}),
     ("logit_bias", {"logit_bias": {5000: -100}}),
     ("frequency_penalty", {"frequency_penalty": 0.5}),
     ("top_logprobs", {"logprobs": True, "top_logprobs": 2}),
@@ -126,26 +134,25 @@ def test_knobs_the_backend_lacks_are_refused_only_when_used() -> None:
 
 def test_max_tokens_and_the_context() -> None:
     chat = llm_pb2.GenerateRequest()
-    assert max_new_tokens(chat, 30, 100, "messages") == 70  # the rest of the context
-    assert max_new_tokens(llm_pb2.GenerateRequest(max_tokens=70), 30, 100, "prompt") == 70
+    assert max_new_tokens(chat, POLICY, 30, "messages") == 70  # the rest of the context
+    assert max_new_tokens(llm_pb2.GenerateRequest(max_tokens=70), POLICY, 30, "prompt") == 70
     with pytest.raises(ServiceError) as info:
-        max_new_tokens(llm_pb2.GenerateRequest(max_tokens=71), 30, 100, "prompt")
+        max_new_tokens(llm_pb2.GenerateRequest(max_tokens=71), POLICY, 30, "prompt")
     assert info.value.param == "max_tokens" and "101 tokens (30 in the prompt, 71 in the completion)" in \
         info.value.message and info.value.error_code == "context_length_exceeded"
     with pytest.raises(ServiceError) as info:
-        max_new_tokens(chat, 100, 100, "messages")
+        max_new_tokens(chat, POLICY, 100, "messages")
     assert info.value.param == "messages" and "maximum context length is 100 tokens" in info.value.message
-    with pytest.raises(ServiceError) as info:
-        max_new_tokens(llm_pb2.GenerateRequest(max_tokens=0), 3, 100, "messages")
-    assert info.value.param == "max_tokens"
-    assert max_new_tokens(llm_pb2.GenerateRequest(max_tokens=0, echo=True), 3, 100, "prompt") == 0
+    # Whether 0 is allowed (only with `echo`) is the edge's rule; here it generates nothing.
+    assert max_new_tokens(llm_pb2.GenerateRequest(max_tokens=0, echo=True), POLICY, 3, "prompt") == 0
+    assert max_new_tokens(llm_pb2.GenerateRequest(max_tokens=0), POLICY, 3, "messages") == 0
 
 
 def test_n_and_seeds() -> None:
-    assert check_request(llm_pb2.GenerateRequest(), 1, 64) == 1
+    assert check_request(llm_pb2.GenerateRequest(), POLICY, 1) == 1
     for n, prompts in ((17, 1), (16, 5)):
         with pytest.raises(ServiceError) as info:
-            check_request(llm_pb2.GenerateRequest(n=n), prompts, 64)
+            check_request(llm_pb2.GenerateRequest(n=n), POLICY, prompts)
         assert info.value.param == "n"
     assert choice_seeds(llm_pb2.GenerateRequest(seed=-1), 2) == [2**64 - 1, 0]
     assert len(set(choice_seeds(llm_pb2.GenerateRequest(), 3))) == 3
@@ -163,17 +170,40 @@ def test_context_length_from_the_model_folder(tmp_path: Any) -> None:
 
 
 def test_configured_limits_of_n_and_max_tokens_name_the_limit() -> None:
-    assert check_request(llm_pb2.GenerateRequest(n=32), 1, 64, max_n=32) == 32
+    assert check_request(llm_pb2.GenerateRequest(n=32), policy(max_n=32), 1) == 32
     with pytest.raises(ServiceError) as info:
-        check_request(llm_pb2.GenerateRequest(n=5), 1, 64, max_n=4)
+        check_request(llm_pb2.GenerateRequest(n=5), policy(max_n=4), 1)
     assert info.value.param == "n" and "between 1 and 4 (max_n); got 5" in info.value.message
-    assert max_new_tokens(llm_pb2.GenerateRequest(), 30, 100, "prompt", cap=50) == 50
-    assert max_new_tokens(llm_pb2.GenerateRequest(), 80, 100, "prompt", cap=50) == 20
-    assert max_new_tokens(llm_pb2.GenerateRequest(max_tokens=50), 30, 100, "prompt", cap=50) == 50
+    capped = policy(max_completion_tokens=50)
+    assert max_new_tokens(llm_pb2.GenerateRequest(), capped, 30, "prompt") == 50
+    assert max_new_tokens(llm_pb2.GenerateRequest(), capped, 80, "prompt") == 20
+    assert max_new_tokens(llm_pb2.GenerateRequest(max_tokens=50), capped, 30, "prompt") == 50
     with pytest.raises(ServiceError) as info:
-        max_new_tokens(llm_pb2.GenerateRequest(max_tokens=51), 30, 100, "prompt", cap=50)
+        max_new_tokens(llm_pb2.GenerateRequest(max_tokens=51), capped, 30, "prompt")
     assert info.value.param == "max_tokens" and "at most 50 tokens" in info.value.message
 
 
-def test_an_infinite_repetition_penalty_is_refused_as_not_finite() -> None:
-    assert "finite number greater than 0; got inf" in refused("repetition_penalty", repetition_penalty=float("inf"))
+def test_the_policy_is_read_from_the_model_configuration(tmp_path: Any) -> None:
+    class Tokenizer:
+        eos_token_id = 7
+        model_max_length = 512
+
+        def __len__(self) -> int:
+            return 300
+
+        def encode(self, text: str, add_special_tokens: bool) -> list[int]:
+            return [1, *map(ord, text)] if add_special_tokens else list(map(ord, text))
+
+    entry = LlmModel(name="m", url="u", path=str(tmp_path), max_n=4, max_completion_tokens=30)
+    built = GenerationPolicy.of(entry, ModelInfo(name="m", stop_words=[[5]]), Tokenizer(), FT)
+    assert (built.model, built.vocab_size, built.context_length) == ("m", 300, 512)
+    assert (built.max_n, built.max_choices, built.max_completion_tokens) == (4, 64, 30)
+    assert built.defaults == Defaults(end_id=7, stop_words=[[5]])
+    assert built.tokenize("ab") == [97, 98]  # stop strings: no special tokens
+
+
+def test_each_choice_names_the_request_and_its_index_in_triton() -> None:
+    base, _ = resolve()
+    choice = for_choice(base, 10, 42, "req-1", 3)
+    assert (choice.max_new_tokens, choice.seed, choice.request_id) == (10, 42, "req-1-3")
+    assert for_choice(base, 10, 42, NO_REQUEST, 0).request_id == ""

@@ -1,5 +1,6 @@
-"""`tritongate health`: one probe for container health checks. A service is healthy when its gRPC
-health service answers SERVING, the edge when GET /health answers 200."""
+"""`tritongate health`: one probe for container health checks, and for `LocalStack`'s readiness checks.
+A service is healthy when its gRPC health service answers SERVING, the edge when GET /health answers 200.
+A service's name (any entry of tritongate/registry.py) stands for its port on this host."""
 
 from __future__ import annotations
 
@@ -7,12 +8,12 @@ import urllib.error
 import urllib.request
 from typing import TYPE_CHECKING
 
+from tritongate.registry import BY_NAME
 from tritongate.settings import Settings
 
-if TYPE_CHECKING:  # grpc is imported only for gRPC probes
+if TYPE_CHECKING:  # tritongate.tls and grpc_health are imported only for gRPC probes
     from tritongate.tls import ClientTls
 
-SERVICES = ("llm", "embed", "rerank")
 _WILDCARDS = ("", "0.0.0.0", "::", "[::]")
 
 
@@ -24,8 +25,8 @@ def resolve(target: str, settings: Settings) -> str:
     """A component name becomes its address on this host (from the same settings it listens on)."""
     if target == "edge":
         return f"http://{_local(settings.edge_host)}:{settings.edge_port}/health"
-    if target in SERVICES:
-        return f"{_local(settings.service_host)}:{getattr(settings, f'{target}_port')}"
+    if target in BY_NAME:
+        return f"{_local(settings.service_host)}:{settings.port(target)}"
     return target
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import jsonschema
 
-from tests.openai_schema import _document
+from tests.support.openai_schema import _document
 
 
 @dataclass

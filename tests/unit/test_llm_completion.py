@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
+from services.llm.completion import Completion, coalesce, merge
 from services.llm.detokenizer import TokenText, text_decoder
-from services.llm.generation import Completion, coalesce, merge
 from tritongate.llm.v1 import llm_pb2
 
 SMOLLM2 = "smollm2-135m-instruct"
@@ -83,7 +83,7 @@ def test_log_probs_of_a_split_character_go_out_with_it(tokenizer: Any) -> None:
     assert deltas[-1].finish_reason == "stop"  # the generator ended before max_new
 
 
-def test_seed_stop_words_of_several_tokens(tokenizer: Any) -> None:
+def test_model_infos_stop_words_of_several_tokens(tokenizer: Any) -> None:
     word = ids(tokenizer, " over and")
     c = completion(tokenizer, stop_words=[word])
     deltas = run(c, [[t] for t in ids(tokenizer, "game over again, game over and out")])

@@ -14,7 +14,7 @@ from typing import Any
 
 import jsonschema
 
-SCHEMAS = Path(__file__).resolve().parent / "openapi" / "openai-schemas.json"
+SCHEMAS = Path(__file__).resolve().parents[1] / "openapi" / "openai-schemas.json"
 
 
 def _convert(node: Any) -> Any:

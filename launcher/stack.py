@@ -1,7 +1,9 @@
-"""`tritongate up`: the whole stack on one machine: local Triton, the three services, the edge.
+"""`tritongate up`: the whole stack on one machine: local Triton, the services, the edge.
 
-Each component runs as its own process, exactly as in a deployment. `LocalStack` starts them in order
-and stops them in reverse; the tests and benchmarks use it too, on free ports.
+Each component runs as its own process (`python -m launcher.cli <component>`), exactly as in a
+deployment. `LocalStack` starts them in order and stops them in reverse; the tests and benchmarks use it
+too, on free ports. It starts one process for each service of tritongate/registry.py whose section of the
+model configuration has entries.
 """
 
 from __future__ import annotations
@@ -15,13 +17,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from launcher.healthcheck import probe
 from tritongate.config import ModelConfig, load_model_config
-from tritongate.healthcheck import probe
+from tritongate.registry import SERVICES, ServiceInfo
 from tritongate.settings import Settings
 from tritongate.tls import ClientTls, client_tls, server_credentials
 from tritongate.triton_local import TritonError, TritonProcess, start_triton
-
-SERVICE_SECTIONS = {"llm": "llm", "embed": "embedding", "rerank": "rerank"}
 
 
 def say(message: str) -> None:
@@ -35,6 +36,11 @@ def grpc_serving(address: str, tls: ClientTls | None = None) -> bool:
 
 def http_ok(url: str) -> bool:
     return probe(url, 1.0)[0]
+
+
+def needed_services(config: ModelConfig) -> list[ServiceInfo]:
+    """The services `config` needs: those whose section of the model configuration has entries."""
+    return [service for service in SERVICES if getattr(config, service.section)]
 
 
 @dataclass
@@ -54,8 +60,9 @@ class LocalStack:
     def edge_url(self) -> str:
         return f"http://{self.settings.edge_host}:{self.settings.edge_port}"
 
-    def service_address(self, name: str) -> str:
-        return f"{self.settings.service_host}:{getattr(self.settings, f'{name}_port')}"
+    def service_address(self, service: ServiceInfo | str) -> str:
+        """Where `service` (a registry entry or its name) listens."""
+        return f"{self.settings.service_host}:{self.settings.port(service)}"
 
     def env(self) -> dict[str, str]:
         """The children read their settings from the environment: hand them everything that matters."""
@@ -64,8 +71,8 @@ class LocalStack:
             "TRITONGATE_CONFIG_FILE": s.config_file, "TRITONGATE_MODELS_DIR": s.models_dir,
             "TRITONGATE_EDGE_HOST": s.edge_host, "TRITONGATE_EDGE_PORT": s.edge_port,
             "TRITONGATE_SERVICE_HOST": s.service_host, "TRITONGATE_MAX_BODY_BYTES": s.max_body_bytes,
-            **{f"TRITONGATE_{name.upper()}_PORT": getattr(s, f"{name}_port") for name in SERVICE_SECTIONS},
-            **{f"TRITONGATE_{name.upper()}_TARGET": self.service_address(name) for name in SERVICE_SECTIONS},
+            **{f"TRITONGATE_{service.name.upper()}_PORT": s.port(service) for service in SERVICES},
+            **{f"TRITONGATE_{service.name.upper()}_TARGET": self.service_address(service) for service in SERVICES},
             "TRITONGATE_METRICS_REQUIRE_KEY": str(s.metrics_require_key).lower(),
         }
         optional = {  # only when set, so that an unset one does not become the string "None"
@@ -78,7 +85,7 @@ class LocalStack:
         return dict(os.environ, **{k: str(v) for k, v in values.items()}, **self.extra_env)
 
     def spawn(self, name: str, *args: str) -> subprocess.Popen[bytes]:
-        command = [sys.executable, "-m", "tritongate.cli", name, *args]
+        command = [sys.executable, "-m", "launcher.cli", name, *args]
         if self.log_dir is None:
             process = subprocess.Popen(command, env=self.env())
         else:
@@ -127,13 +134,14 @@ class LocalStack:
                 log_path=self.log_dir / "tritonserver.log" if self.log_dir else None,
             )
             self.triton.wait_ready(s.triton_start_timeout_s, cancelled)
-        names = [name for name, section in SERVICE_SECTIONS.items() if getattr(config, section)]
-        for name in names:
-            port = self.metrics_ports.get(name)
-            self.spawn(name, *flags, *(("--metrics-port", str(port)) if port else ()))
+        services = needed_services(config)
+        for service in services:
+            port = self.metrics_ports.get(service.name)
+            self.spawn(service.name, *flags, *(("--metrics-port", str(port)) if port else ()))
         self.spawn("edge", "--uvicorn-log-level", s.uvicorn_log_level, *flags)
-        for name in names:
-            self.wait(f"the {name} service", lambda name=name: grpc_serving(self.service_address(name), tls),  # type: ignore[misc]
+        for service in services:
+            address = self.service_address(service)
+            self.wait(f"the {service.name} service", lambda address=address: grpc_serving(address, tls),  # type: ignore[misc]
                       s.triton_start_timeout_s, cancelled)
         self.wait("the edge", lambda: http_ok(f"{self.edge_url}/health"), 120, cancelled)
 

@@ -19,11 +19,13 @@ from typing import Any
 
 from tritongate.config import ConfigError
 from tritongate.logs import configure_logging
+from tritongate.registry import BY_NAME, NAMES, SERVICES, ServiceInfo
 from tritongate.settings import Settings
 
 log = logging.getLogger("tritongate")
 
-SERVICES = ("llm", "embed", "rerank")
+# One command, one `edge --<name>` target flag and one TRITONGATE_<NAME>_PORT / _TARGET per entry of
+# tritongate/registry.py: a service added there needs no change here.
 UVICORN_LEVELS = ["critical", "error", "warning", "info", "debug", "trace"]
 
 
@@ -34,8 +36,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 
 def _config_file(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config-file", type=Path, help="model configuration JSON (the seed's model_config.json "
-                        "format); default: $TRITONGATE_CONFIG_FILE or the demo config")
+    parser.add_argument("--config-file", type=Path, help="model configuration JSON (the model_config.json format "
+                        "of Denglin's openai_api); default: $TRITONGATE_CONFIG_FILE or the demo config")
 
 
 def _api_keys(parser: argparse.ArgumentParser) -> None:
@@ -65,23 +67,26 @@ def build_parser() -> argparse.ArgumentParser:
     edge.add_argument("--host", help="listen address (default 127.0.0.1; $TRITONGATE_EDGE_HOST)")
     edge.add_argument("--port", type=int, help="listen port (default 5100; $TRITONGATE_EDGE_PORT)")
     edge.add_argument("--uvicorn-log-level", choices=UVICORN_LEVELS)
-    for name in SERVICES:
-        edge.add_argument(f"--{name}", metavar="TARGET", help=f"gRPC target of the {name} service, e.g. "
-                          f"dns:///{name}:5005x or ipv4:127.0.0.1:p1,127.0.0.2:p2")
-    _config_file(edge)  # accepted for the seed's command line; the edge needs only service addresses
+    for service in SERVICES:
+        edge.add_argument(f"--{service.name}", metavar="TARGET",
+                          help=f"gRPC target of the {service.name} service, e.g. dns:///{service.name}:"
+                          f"{service.default_port} or ipv4:127.0.0.1:p1,127.0.0.2:p2 "
+                          f"(${_env(service, 'TARGET')})")
+    _config_file(edge)  # accepted for the command line of Denglin's openai_api; the edge needs only targets
     _api_keys(edge)
     _common(edge)
 
-    for name in SERVICES:
-        service = commands.add_parser(name, help=f"run the {name} gRPC service")
-        service.add_argument("--host", help="listen address (default 127.0.0.1; $TRITONGATE_SERVICE_HOST)")
-        service.add_argument("--port", type=int, help=f"listen port (default ${'TRITONGATE_' + name.upper()}_PORT)")
-        service.add_argument("--metrics-port", type=int, help="serve Prometheus metrics over HTTP on this port "
+    for service in SERVICES:
+        command = commands.add_parser(service.name, help=f"run the {service.name} gRPC service")
+        command.add_argument("--host", help="listen address (default 127.0.0.1; $TRITONGATE_SERVICE_HOST)")
+        command.add_argument("--port", type=int, help=f"listen port (default {service.default_port}; "
+                             f"${_env(service, 'PORT')})")
+        command.add_argument("--metrics-port", type=int, help="serve Prometheus metrics over HTTP on this port "
                              "(default $TRITONGATE_METRICS_PORT; 0 = off)")
-        service.add_argument("--max-in-flight", type=int, help="inference requests worked on at once; more are "
+        command.add_argument("--max-in-flight", type=int, help="inference requests worked on at once; more are "
                              "refused with 429 (default 256; $TRITONGATE_MAX_IN_FLIGHT)")
-        _config_file(service)
-        _common(service)
+        _config_file(command)
+        _common(command)
 
     triton = commands.add_parser("triton", help="run a local Triton Inference Server on the demo models")
     triton.add_argument("--http-port", type=int)
@@ -99,10 +104,20 @@ def build_parser() -> argparse.ArgumentParser:
     model_commands.add_parser("list", help="list the demo models and whether they are fetched")
 
     health = commands.add_parser("health", help="exit 0 when a component is healthy (for container health checks)")
-    health.add_argument("target", help="edge, llm, embed or rerank (on this host, at its configured port), "
+    health.add_argument("target", help=f"edge, {', '.join(NAMES)} (on this host, at its configured port), "
                         "a gRPC address host:port, or an http(s):// URL")
     health.add_argument("--timeout", type=float, default=2.0, help="seconds to wait for the answer (default 2)")
     return parser
+
+
+def _env(service: ServiceInfo, what: str) -> str:
+    """The environment variable of one of `service`'s settings: TRITONGATE_<NAME>_PORT or _TARGET."""
+    return f"TRITONGATE_{service.name.upper()}_{what}"
+
+
+def _field(service: ServiceInfo, what: str) -> str:
+    """The Settings field behind `_env(service, what)`: `<name>_port` or `<name>_target`."""
+    return f"{service.name}_{what.lower()}"
 
 
 def settings_from(args: argparse.Namespace) -> Settings:
@@ -127,14 +142,15 @@ def settings_from(args: argparse.Namespace) -> Settings:
         if args.api_key_file:
             overrides["api_key_file"] = args.api_key_file
     if command == "edge":
-        for name in SERVICES:
-            if getattr(args, name):
-                overrides[f"{name}_target"] = getattr(args, name)
-    if command in SERVICES:
+        for service in SERVICES:
+            target = getattr(args, service.name)
+            if target:
+                overrides[_field(service, "TARGET")] = target
+    if command in BY_NAME:
         if args.host:
             overrides["service_host"] = args.host
         if args.port is not None:
-            overrides[f"{command}_port"] = args.port
+            overrides[_field(BY_NAME[command], "PORT")] = args.port
         if args.metrics_port is not None:
             overrides["metrics_port"] = args.metrics_port
         if args.max_in_flight is not None:
@@ -148,12 +164,12 @@ def settings_from(args: argparse.Namespace) -> Settings:
     return Settings(**overrides)
 
 
-def _run_service(name: str, settings: Settings) -> None:
+def _run_service(service: ServiceInfo, settings: Settings) -> None:
     import uvloop
 
     from services.runner import run_service
 
-    uvloop.run(run_service(name, settings))
+    uvloop.run(run_service(service, settings))
 
 
 def _run_edge(settings: Settings) -> None:
@@ -190,7 +206,7 @@ def _models(args: argparse.Namespace, settings: Settings) -> None:
 
 
 def _health(args: argparse.Namespace, settings: Settings) -> None:
-    from tritongate.healthcheck import probe, resolve
+    from launcher.healthcheck import probe, resolve
 
     target = resolve(args.target, settings)
     if target.startswith(("http://", "https://")):
@@ -204,7 +220,7 @@ def _health(args: argparse.Namespace, settings: Settings) -> None:
 
 
 def _up(args: argparse.Namespace, settings: Settings) -> None:
-    from tritongate.up import run_stack
+    from launcher.stack import run_stack
 
     sys.exit(run_stack(settings, fetch=not args.no_fetch))
 
@@ -216,7 +232,7 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as exc:  # pydantic-settings: a bad TRITONGATE_* value
         sys.exit(f"tritongate: invalid setting: {exc}")
     configure_logging(settings.verbose, settings.log_json)
-    if settings.otel and args.command in ("edge", *SERVICES):
+    if settings.otel and args.command in ("edge", *NAMES):
         from tritongate.tracing import TracingUnavailable, setup_tracing
 
         try:
@@ -229,7 +245,8 @@ def main(argv: list[str] | None = None) -> None:
         "triton": lambda: _run_triton(settings),
         "models": lambda: _models(args, settings),
         "health": lambda: _health(args, settings),
-        **{name: (lambda name=name: _run_service(name, settings)) for name in SERVICES},  # type: ignore[misc]
+        **{service.name: (lambda service=service: _run_service(service, settings))  # type: ignore[misc]
+           for service in SERVICES},
     }
     from tritongate.triton_local import TritonError
 

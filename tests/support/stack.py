@@ -1,0 +1,51 @@
+"""The test stack: its model repositories and configuration, its settings on free ports, and one
+component spawned on its own (`python -m launcher.cli ...`) beside it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.support.ports import free_port
+from tritongate.registry import NAMES, SERVICES
+from tritongate.settings import DEPLOY_DIR, Settings
+
+TESTS = Path(__file__).resolve().parents[1]
+# The test Triton serves the demo models and the test models (ft-echo).
+TEST_REPOSITORIES = (DEPLOY_DIR / "triton", TESTS / "triton_models")
+# The demo LLM (a folder of the model cache); its tokenizer is the one the LLM tests use.
+DEMO_LLM = "smollm2-135m-instruct"
+# The test stack's request body limit (smaller than the default, so that tests can exceed it cheaply).
+BODY_LIMIT = 4 * 1024 * 1024
+
+
+def write_model_config(triton_grpc_url: str, directory: Path) -> Path:
+    """tests/model_config.json (the format of Denglin's openai_api) with every model pointed at the given
+    Triton, written to `directory`."""
+    config = json.loads((TESTS / "model_config.json").read_text())
+    for service in SERVICES:
+        for entry in config.get(service.section, []):
+            entry["url"] = triton_grpc_url
+    path = directory / "model_config.json"
+    path.write_text(json.dumps(config, indent=2))
+    return path
+
+
+def stack_settings(config_file: Path, **overrides: object) -> Settings:
+    """Settings for a stack on free loopback ports (the edge's and every service's)."""
+    ports = {f"{name}_port": free_port() for name in ("edge", *NAMES)}
+    return Settings(config_file=config_file, max_body_bytes=BODY_LIMIT, **ports, **overrides)  # type: ignore[arg-type]
+
+
+def metrics_ports() -> dict[str, int]:
+    """A free metrics port for each service (LocalStack's `metrics_ports`)."""
+    return {name: free_port() for name in NAMES}
+
+
+def spawn(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    """`tritongate *args` as a child process, its output to `log`."""
+    with open(log, "wb") as out:
+        return subprocess.Popen([sys.executable, "-m", "launcher.cli", *args], env=env, stdout=out,
+                                stderr=subprocess.STDOUT)
