@@ -21,6 +21,7 @@ from launcher.stack import LocalStack, http_ok
 from tests.support.openai_schema import validate
 from tests.support.ports import free_port, wait_until
 from tests.support.stack import spawn as _spawn
+from tritongate.registry import NAMES
 from tritongate.settings import Settings
 
 KEY_FROM_ENV = "tg-env-key-4f9d0c2b7a"
@@ -53,7 +54,7 @@ class Edge:
 
 def _start_edge(stack: LocalStack, tmp: Path, key_file: Path, metrics_require_key: bool) -> Edge:
     port = free_port()
-    targets = [f"--{name}={stack.service_address(name)}" for name in ("llm", "embed", "rerank")]
+    targets = [f"--{name}={stack.service_address(name)}" for name in NAMES]
     env = dict(os.environ, TRITONGATE_API_KEY=KEY_FROM_ENV, TRITONGATE_METRICS_REQUIRE_KEY=str(metrics_require_key))
     log = tmp / f"edge-{port}.log"
     # DEBUG logging everywhere: the keys must stay out of even the most verbose log.

@@ -1,4 +1,4 @@
-"""Rerank end to end through the real Triton reranker: the seed's API, Cohere/Jina and TEI shapes."""
+"""Rerank end to end through the real Triton reranker: Denglin openai_api's API, Cohere/Jina and TEI shapes."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from tests.support.openai_schema import validate
 MODEL = "minilm-rerank"
 RAW = "minilm-rerank-raw"  # the same Triton model, raw logits, max_tokens 64
 
-# The seed manual's example (§4.5), with the demo model's name.
+# The example of Denglin's openai_api manual (§4.5), with the demo model's name.
 SEED_QUERY = "What principles does the management of finished oil circulation in Jiangsu Province follow?"
 SEED_DOCUMENTS = [
     "Article 1 In order to strengthen the management of finished oil circulation, standardize finished oil "

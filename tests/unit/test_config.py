@@ -11,7 +11,7 @@ from tritongate.config import ConfigError, ModelInfo, load_model_config, parse_m
 from tritongate.wire import DEFAULT_MAX_N, MAX_N
 
 DATA = Path(__file__).parent / "data"
-DENGLIN_EXAMPLE = DATA / "seed_model_config.json"  # the example file of Denglin's openai_api
+DENGLIN_EXAMPLE = DATA / "denglin_model_config.json"  # the example file of Denglin's openai_api
 
 
 def test_denglin_example_file_is_accepted_unchanged() -> None:

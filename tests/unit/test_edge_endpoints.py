@@ -26,7 +26,7 @@ def refusal(model: type[BaseModel], body: dict[str, Any]) -> OpenAIError:
 
 
 def test_stream_as_a_string_is_coerced() -> None:
-    """The seed's own example sends "stream": "true"."""
+    """Denglin's manual sends "stream": "true" in one example."""
     body = CompletionRequest.model_validate({"model": "m", "prompt": "Once upon a time", "stream": "true",
                                              "max_tokens": 41, "temperature": 0.5})
     assert body.stream is True

@@ -12,7 +12,7 @@ if _site:  # the Python-backend stub runs the base interpreter; use the venv's p
 # two vectors are mean-pooled MiniLM states of the two segments. `encoding` (config.pbtxt) picks how:
 #
 # - "pair": one forward pass over the whole pair, pooling each segment's tokens (the segments attend to
-#   each other). The default: it is the mode that ranks the seed's Jiangsu "Article 3" example first.
+#   each other). The default: it is the mode that ranks the Denglin manual's Jiangsu "Article 3" example first.
 # - "separate": each segment encoded on its own as `[CLS] text [SEP]` (the document re-gets a [CLS]),
 #   unique queries once, i.e. exactly all-MiniLM's own embeddings. Better on generic queries.
 #
