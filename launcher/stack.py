@@ -22,7 +22,7 @@ from tritongate.config import ModelConfig, load_model_config
 from tritongate.registry import SERVICES, ServiceInfo
 from tritongate.settings import Settings
 from tritongate.tls import ClientTls, client_tls, server_credentials
-from tritongate.triton_local import TritonError, TritonProcess, start_triton
+from tritongate.triton_local import TritonError, TritonProcess, start_triton, stop_on_signals
 
 
 def say(message: str) -> None:
@@ -182,23 +182,16 @@ def run_stack(settings: Settings, fetch: bool = True) -> int:
         if missing_models(settings.models_dir):
             fetch_models(settings.models_dir)
     stack = LocalStack(settings)
-    stopping = False
-
-    def request_stop(*_: object) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGTERM, request_stop)
-    signal.signal(signal.SIGINT, request_stop)
+    stopping = stop_on_signals()
     try:
         say("starting Triton and the services (the first start loads the demo models: about a minute)")
         flags = [flag for flag, on in (("--verbose", settings.verbose), ("--log-json", settings.log_json)) if on]
-        stack.start(lambda: stopping, tuple(flags))
-        if not stopping:
+        stack.start(stopping, tuple(flags))
+        if not stopping():
             from edge.auth import load_api_keys
 
             _announce(stack.edge_url, config, keyed=bool(load_api_keys(settings)))
-        while not stopping:
+        while not stopping():
             failure = stack.failed_child()
             if failure:
                 raise TritonError(failure)

@@ -186,6 +186,19 @@ def start_triton(
     return TritonProcess(process, http_port, grpc_port, log_path)
 
 
+def stop_on_signals() -> Callable[[], bool]:
+    """From now on SIGTERM and SIGINT only raise a flag; a foreground command polls it and stops cleanly."""
+    raised = False
+
+    def request_stop(*_: object) -> None:
+        nonlocal raised
+        raised = True
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    return lambda: raised
+
+
 def run_triton_foreground(settings: Settings) -> None:
     """`tritongate triton`: start, wait for the models, run until Ctrl-C or SIGTERM."""
     triton = start_triton(
@@ -197,21 +210,14 @@ def run_triton_foreground(settings: Settings) -> None:
         metrics_port=settings.triton_metrics_port,
         exit_timeout_s=30,  # Triton's default: on its own, clients may still have requests in flight
     )
-    stop_requested = False
-
-    def request_stop(*_: object) -> None:
-        nonlocal stop_requested
-        stop_requested = True
-
-    signal.signal(signal.SIGTERM, request_stop)
-    signal.signal(signal.SIGINT, request_stop)
+    stop_requested = stop_on_signals()
     try:
         print(f"starting Triton (log: {triton.log_path})", flush=True)
-        triton.wait_ready(settings.triton_start_timeout_s, lambda: stop_requested)
+        triton.wait_ready(settings.triton_start_timeout_s, stop_requested)
         print(f"Triton ready: gRPC 127.0.0.1:{triton.grpc_port}, HTTP 127.0.0.1:{triton.http_port}", flush=True)
-        while not stop_requested and triton.process.poll() is None:
+        while not stop_requested() and triton.process.poll() is None:
             time.sleep(0.5)
-        if triton.process.poll() is not None and not stop_requested:
+        if triton.process.poll() is not None and not stop_requested():
             raise TritonError(f"tritonserver exited with code {triton.process.returncode}: {triton.last_error()}")
     finally:
         triton.stop()

@@ -15,7 +15,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from services.llm.detokenizer import Decode, Detokenizer, TokenText
+from services.llm.detokenizer import Detokenizer, TokenDecoding
 from services.llm.stops import StopStrings, StopTokens
 from tritongate.llm.v1 import llm_pb2
 
@@ -30,14 +30,14 @@ class _Entry:
 class Completion:
     """One choice: feed it tokens, take Delta messages."""
 
-    def __init__(self, index: int, prompt: Sequence[int], max_new: int, stop_words: list[list[int]],
-                 stops: list[str], decode: Decode, token_text: TokenText, echo: str = "") -> None:
+    def __init__(self, index: int, prompt: Sequence[int], *, max_new: int, stop_words: list[list[int]],
+                 stops: list[str], decoding: TokenDecoding, echo: str = "") -> None:
         self.index = index
         self.max_new = max_new
         self.tokens = StopTokens(stop_words)
-        self.detokenizer = Detokenizer(decode, prompt)
+        self.detokenizer = Detokenizer(decoding.decode, prompt)
         self.strings = StopStrings(stops)
-        self.token_text = token_text
+        self.token_text = decoding.token_text
         self.echo = echo
         self.decoded = len(echo)  # characters decoded so far (echo included), before stop strings
         self.emitted = len(echo)  # characters sent so far

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -103,3 +104,15 @@ class TokenText:
                 return bytes(self.table[char] for char in piece)
         text = self.text(token)
         return b"" if REPLACEMENT in text else text.encode("utf-8")
+
+
+@dataclass(frozen=True)
+class TokenDecoding:
+    """How one model's tokens become text: incrementally (completions) and one by one (log probabilities)."""
+
+    decode: Decode
+    token_text: TokenText
+
+    @classmethod
+    def of(cls, tokenizer: PreTrainedTokenizerBase) -> TokenDecoding:
+        return cls(text_decoder(tokenizer), TokenText(tokenizer))

@@ -15,7 +15,7 @@ from services.common.triton import Triton
 from services.llm.backends import LlmBackend, Sampling
 from services.llm.chat import load_chat_template
 from services.llm.completion import Completion, coalesce, merge
-from services.llm.detokenizer import TokenText, text_decoder
+from services.llm.detokenizer import TokenDecoding
 from services.llm.fastertransformer import FasterTransformer
 from services.llm.params import (
     GenerationPolicy,
@@ -66,8 +66,7 @@ class LanguageModel(ServedModel):
         self.template = load_chat_template(self.tokenizer, entry.chat_template, entry.name)
         self.backend = make_backend(entry, triton)
         self.policy = GenerationPolicy.of(entry, info, self.tokenizer, self.backend)
-        self.decode = text_decoder(self.tokenizer)
-        self.token_text = TokenText(self.tokenizer)
+        self.decoding = TokenDecoding.of(self.tokenizer)
 
     def on_ready(self, triton_config: dict[str, Any]) -> None:
         self.backend.configure(triton_config)
@@ -123,14 +122,12 @@ class LanguageModel(ServedModel):
         limits = [max_new_tokens(request, self.policy, len(ids), prompts.param) for ids in prompts.ids]
         seeds = choice_seeds(request, n)
         request_id = REQUEST_ID.get()  # bound from the RPC's metadata (services/common/metrics.py)
-        defaults = self.policy.defaults
-        token_stops = ([[defaults.end_id]] if defaults.end_id is not None else []) + defaults.stop_words
         completions, streams = [], []
         for p, ids in enumerate(prompts.ids):
             for j in range(n):
                 index = p * n + j
-                completion = Completion(index, ids, limits[p], token_stops, stops, self.decode, self.token_text,
-                                        prompts.echoes[p])
+                completion = Completion(index, ids, max_new=limits[p], stop_words=self.policy.stop_tokens, stops=stops,
+                                        decoding=self.decoding, echo=prompts.echoes[p])
                 completions.append(completion)
                 choice = for_choice(base, limits[p], seeds[j], request_id, index)
                 streams.append(self._run(completion, ids, choice, timeout))

@@ -96,6 +96,12 @@ class GenerationPolicy:
             max_completion_tokens=entry.max_completion_tokens,
         )
 
+    @property
+    def stop_tokens(self) -> list[list[int]]:
+        """Token-id words that end a completion: the end id and `model_infos` `stop_words`."""
+        end = [[self.defaults.end_id]] if self.defaults.end_id is not None else []
+        return end + self.defaults.stop_words
+
     def unsupported(self, param: str, what: str = "") -> ServiceError:
         return invalid_argument(f"`{param}` {what or 'is not supported'} by the {self.backend.name} backend of "
                                 f"model `{self.model}`; leave it at its default.", param)

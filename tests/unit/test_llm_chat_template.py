@@ -23,12 +23,6 @@ CONVERSATIONS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def tokenizer(models_dir: Path) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(models_dir / SMOLLM2)
-
 
 @pytest.mark.parametrize("messages", CONVERSATIONS)
 @pytest.mark.parametrize("generation_prompt", [True, False])

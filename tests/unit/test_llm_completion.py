@@ -5,30 +5,22 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from services.llm.completion import Completion, coalesce, merge
-from services.llm.detokenizer import TokenText, text_decoder
+from services.llm.detokenizer import TokenDecoding
 from tritongate.llm.v1 import llm_pb2
 
-SMOLLM2 = "smollm2-135m-instruct"
 END_ID = 2
 
-
-@pytest.fixture(scope="module")
-def tokenizer(models_dir: Path) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(models_dir / SMOLLM2)
 
 
 def completion(tokenizer: Any, max_new: int = 50, stops: list[str] | None = None, echo: str = "",
                stop_words: list[list[int]] | None = None) -> Completion:
-    return Completion(0, [], max_new, [[END_ID], *(stop_words or [])], stops or [], text_decoder(tokenizer),
-                      TokenText(tokenizer), echo)
+    return Completion(0, [], max_new=max_new, stop_words=[[END_ID], *(stop_words or [])], stops=stops or [],
+                      decoding=TokenDecoding.of(tokenizer), echo=echo)
 
 
 def run(c: Completion, steps: list[list[int]], logprobs: bool = False) -> list[llm_pb2.Delta]:

@@ -4,21 +4,11 @@ several tokens."""
 from __future__ import annotations
 
 import random
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from services.llm.detokenizer import REPLACEMENT, Detokenizer, TokenText, text_decoder
-
-SMOLLM2 = "smollm2-135m-instruct"
-
-
-@pytest.fixture(scope="module")
-def tokenizer(models_dir: Path) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(models_dir / SMOLLM2)
 
 
 def pieces(tokenizer: Any, ids: list[int], context: list[int] | None = None) -> list[str]:
