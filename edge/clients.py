@@ -103,14 +103,15 @@ class ServiceClient:
                                               metadata=request_metadata())
         return list(response.models)
 
-    async def _route(self, model: str) -> None:
-        """404 unless one of this service's models; the model labels the request's metrics from here on."""
+    async def _route_and_label(self, model: str) -> None:
+        """404 unless one of this service's models (400 another's, 503 service down); from here on the
+        model labels the request's metrics and access-log line."""
         await self.directory.route(model, self.service)
         current().model = model
 
     async def _unary(self, method: Callable[..., Awaitable[R]], request: Any) -> R:
         """Route `request.model`, make the call, map its failure, record its usage."""
-        await self._route(request.model)
+        await self._route_and_label(request.model)
         try:
             response = await method(request, timeout=self.timeout, metadata=request_metadata())
         except grpc.aio.AioRpcError as exc:
@@ -141,7 +142,7 @@ class LlmClient(ServiceClient):
 
     async def generate(self, request: llm_pb2.GenerateRequest) -> Generation:
         """Start a Generate stream (nothing is read yet)."""
-        await self._route(request.model)
+        await self._route_and_label(request.model)
         call = self.stub.Generate(request, timeout=self.timeout, metadata=request_metadata())
         return Generation(call, self)
 

@@ -20,7 +20,7 @@ from typing import Any
 from tritongate.config import ConfigError
 from tritongate.logs import configure_logging
 from tritongate.registry import BY_NAME, NAMES, SERVICES, ServiceInfo
-from tritongate.settings import Settings
+from tritongate.settings import Settings, env_var, port_field, target_field
 
 log = logging.getLogger("tritongate")
 
@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
         edge.add_argument(f"--{service.name}", metavar="TARGET",
                           help=f"gRPC target of the {service.name} service, e.g. dns:///{service.name}:"
                           f"{service.default_port} or ipv4:127.0.0.1:p1,127.0.0.2:p2 "
-                          f"(${_env(service, 'TARGET')})")
+                          f"(${env_var(target_field(service))})")
     _config_file(edge)  # accepted for the command line of Denglin's openai_api; the edge needs only targets
     _api_keys(edge)
     _common(edge)
@@ -80,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
         command = commands.add_parser(service.name, help=f"run the {service.name} gRPC service")
         command.add_argument("--host", help="listen address (default 127.0.0.1; $TRITONGATE_SERVICE_HOST)")
         command.add_argument("--port", type=int, help=f"listen port (default {service.default_port}; "
-                             f"${_env(service, 'PORT')})")
+                             f"${env_var(port_field(service))})")
         command.add_argument("--metrics-port", type=int, help="serve Prometheus metrics over HTTP on this port "
                              "(default $TRITONGATE_METRICS_PORT; 0 = off)")
         command.add_argument("--max-in-flight", type=int, help="inference requests worked on at once; more are "
@@ -110,16 +110,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _env(service: ServiceInfo, what: str) -> str:
-    """The environment variable of one of `service`'s settings: TRITONGATE_<NAME>_PORT or _TARGET."""
-    return f"TRITONGATE_{service.name.upper()}_{what}"
-
-
-def _field(service: ServiceInfo, what: str) -> str:
-    """The Settings field behind `_env(service, what)`: `<name>_port` or `<name>_target`."""
-    return f"{service.name}_{what.lower()}"
-
-
 def settings_from(args: argparse.Namespace) -> Settings:
     """Environment first, then the flags that were given."""
     overrides: dict[str, Any] = {}
@@ -145,12 +135,12 @@ def settings_from(args: argparse.Namespace) -> Settings:
         for service in SERVICES:
             target = getattr(args, service.name)
             if target:
-                overrides[_field(service, "TARGET")] = target
+                overrides[target_field(service)] = target
     if command in BY_NAME:
         if args.host:
             overrides["service_host"] = args.host
         if args.port is not None:
-            overrides[_field(BY_NAME[command], "PORT")] = args.port
+            overrides[port_field(command)] = args.port
         if args.metrics_port is not None:
             overrides["metrics_port"] = args.metrics_port
         if args.max_in_flight is not None:

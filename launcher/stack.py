@@ -20,7 +20,7 @@ from pathlib import Path
 from launcher.healthcheck import probe
 from tritongate.config import ModelConfig, load_model_config
 from tritongate.registry import SERVICES, ServiceInfo
-from tritongate.settings import Settings
+from tritongate.settings import Settings, env_var, port_field, target_field
 from tritongate.tls import ClientTls, client_tls, server_credentials
 from tritongate.triton_local import TritonError, TritonProcess, start_triton, stop_on_signals
 
@@ -71,8 +71,8 @@ class LocalStack:
             "TRITONGATE_CONFIG_FILE": s.config_file, "TRITONGATE_MODELS_DIR": s.models_dir,
             "TRITONGATE_EDGE_HOST": s.edge_host, "TRITONGATE_EDGE_PORT": s.edge_port,
             "TRITONGATE_SERVICE_HOST": s.service_host, "TRITONGATE_MAX_BODY_BYTES": s.max_body_bytes,
-            **{f"TRITONGATE_{service.name.upper()}_PORT": s.port(service) for service in SERVICES},
-            **{f"TRITONGATE_{service.name.upper()}_TARGET": self.service_address(service) for service in SERVICES},
+            **{env_var(port_field(service)): s.port(service) for service in SERVICES},
+            **{env_var(target_field(service)): self.service_address(service) for service in SERVICES},
             "TRITONGATE_METRICS_REQUIRE_KEY": str(s.metrics_require_key).lower(),
         }
         optional = {  # only when set, so that an unset one does not become the string "None"

@@ -93,15 +93,25 @@ class Settings(BaseSettings):
 
     def port(self, service: ServiceInfo | str) -> int:
         """The port `service` listens on (TRITONGATE_<NAME>_PORT)."""
-        return int(getattr(self, f"{_name(service)}_port"))
+        return int(getattr(self, port_field(service)))
 
     def target(self, service: ServiceInfo | str) -> str:
         """The gRPC target the edge calls `service` at (TRITONGATE_<NAME>_TARGET)."""
-        return str(getattr(self, f"{_name(service)}_target"))
+        return str(getattr(self, target_field(service)))
 
 
-def _name(service: ServiceInfo | str) -> str:
-    return service if isinstance(service, str) else service.name
+# The one place that knows how a service's settings are named.
+def port_field(service: ServiceInfo | str) -> str:
+    return f"{service if isinstance(service, str) else service.name}_port"
+
+
+def target_field(service: ServiceInfo | str) -> str:
+    return f"{service if isinstance(service, str) else service.name}_target"
+
+
+def env_var(field: str) -> str:
+    """The environment variable of a settings field: TRITONGATE_<FIELD>."""
+    return f"TRITONGATE_{field.upper()}"
 
 
 @cache
