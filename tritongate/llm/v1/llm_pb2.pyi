@@ -6,6 +6,7 @@ The LLM service: prompts or chats in, generated text streamed out."""
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf.internal import containers as _containers
 from tritongate.common.v1 import common_pb2 as _common_pb2
 import builtins as _builtins
@@ -175,6 +176,12 @@ class GenerateRequest(_message.Message):
     TOP_LOGPROBS_FIELD_NUMBER: _builtins.int
     ECHO_FIELD_NUMBER: _builtins.int
     DO_SAMPLE_FIELD_NUMBER: _builtins.int
+    MIN_P_FIELD_NUMBER: _builtins.int
+    MIN_TOKENS_FIELD_NUMBER: _builtins.int
+    IGNORE_EOS_FIELD_NUMBER: _builtins.int
+    INCLUDE_STOP_STR_IN_OUTPUT_FIELD_NUMBER: _builtins.int
+    SKIP_SPECIAL_TOKENS_FIELD_NUMBER: _builtins.int
+    CHAT_TEMPLATE_KWARGS_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     """Public model id."""
     n: _builtins.int
@@ -203,6 +210,16 @@ class GenerateRequest(_message.Message):
     """Send the prompt text back before the completion (completions `echo`)."""
     do_sample: _builtins.bool
     """false forces greedy decoding whatever the temperature."""
+    min_p: _builtins.float
+    """vLLM's min_p: drop tokens less likely than min_p times the most likely one. Unset: off."""
+    min_tokens: _builtins.int
+    """No end id or stop word may end a completion before this many tokens. Unset: 0."""
+    ignore_eos: _builtins.bool
+    """Keep generating past the end id, until max_tokens or a stop string."""
+    include_stop_str_in_output: _builtins.bool
+    """Keep the stop string that ended a completion at the end of its text."""
+    skip_special_tokens: _builtins.bool
+    """false decodes special tokens into the text too. Unset: they are skipped."""
     @_builtins.property
     def prompts(self) -> Global___Prompts:
         """One or more prompts (completions)."""
@@ -218,6 +235,10 @@ class GenerateRequest(_message.Message):
     @_builtins.property
     def logit_bias(self) -> _containers.ScalarMap[_builtins.int, _builtins.float]:
         """Token id → bias added to its logit (-100 bans the token)."""
+
+    @_builtins.property
+    def chat_template_kwargs(self) -> _struct_pb2.Struct:
+        """Extra variables for the chat template (e.g. `enable_thinking`), as JSON values."""
 
     def __init__(
         self,
@@ -240,10 +261,16 @@ class GenerateRequest(_message.Message):
         top_logprobs: _builtins.int = ...,
         echo: _builtins.bool = ...,
         do_sample: _builtins.bool | None = ...,
+        min_p: _builtins.float | None = ...,
+        min_tokens: _builtins.int | None = ...,
+        ignore_eos: _builtins.bool = ...,
+        include_stop_str_in_output: _builtins.bool = ...,
+        skip_special_tokens: _builtins.bool | None = ...,
+        chat_template_kwargs: _struct_pb2.Struct | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_do_sample", b"_do_sample", "_frequency_penalty", b"_frequency_penalty", "_max_tokens", b"_max_tokens", "_presence_penalty", b"_presence_penalty", "_repetition_penalty", b"_repetition_penalty", "_seed", b"_seed", "_temperature", b"_temperature", "_top_k", b"_top_k", "_top_p", b"_top_p", "chat", b"chat", "do_sample", b"do_sample", "frequency_penalty", b"frequency_penalty", "input", b"input", "max_tokens", b"max_tokens", "presence_penalty", b"presence_penalty", "prompts", b"prompts", "repetition_penalty", b"repetition_penalty", "seed", b"seed", "temperature", b"temperature", "top_k", b"top_k", "top_p", b"top_p"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_do_sample", b"_do_sample", "_frequency_penalty", b"_frequency_penalty", "_max_tokens", b"_max_tokens", "_min_p", b"_min_p", "_min_tokens", b"_min_tokens", "_presence_penalty", b"_presence_penalty", "_repetition_penalty", b"_repetition_penalty", "_seed", b"_seed", "_skip_special_tokens", b"_skip_special_tokens", "_temperature", b"_temperature", "_top_k", b"_top_k", "_top_p", b"_top_p", "chat", b"chat", "chat_template_kwargs", b"chat_template_kwargs", "do_sample", b"do_sample", "frequency_penalty", b"frequency_penalty", "input", b"input", "max_tokens", b"max_tokens", "min_p", b"min_p", "min_tokens", b"min_tokens", "presence_penalty", b"presence_penalty", "prompts", b"prompts", "repetition_penalty", b"repetition_penalty", "seed", b"seed", "skip_special_tokens", b"skip_special_tokens", "temperature", b"temperature", "top_k", b"top_k", "top_p", b"top_p"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_do_sample", b"_do_sample", "_frequency_penalty", b"_frequency_penalty", "_max_tokens", b"_max_tokens", "_presence_penalty", b"_presence_penalty", "_repetition_penalty", b"_repetition_penalty", "_seed", b"_seed", "_temperature", b"_temperature", "_top_k", b"_top_k", "_top_p", b"_top_p", "chat", b"chat", "do_sample", b"do_sample", "echo", b"echo", "frequency_penalty", b"frequency_penalty", "input", b"input", "logit_bias", b"logit_bias", "logprobs", b"logprobs", "max_tokens", b"max_tokens", "model", b"model", "n", b"n", "presence_penalty", b"presence_penalty", "prompts", b"prompts", "repetition_penalty", b"repetition_penalty", "seed", b"seed", "stop", b"stop", "temperature", b"temperature", "top_k", b"top_k", "top_logprobs", b"top_logprobs", "top_p", b"top_p"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_do_sample", b"_do_sample", "_frequency_penalty", b"_frequency_penalty", "_max_tokens", b"_max_tokens", "_min_p", b"_min_p", "_min_tokens", b"_min_tokens", "_presence_penalty", b"_presence_penalty", "_repetition_penalty", b"_repetition_penalty", "_seed", b"_seed", "_skip_special_tokens", b"_skip_special_tokens", "_temperature", b"_temperature", "_top_k", b"_top_k", "_top_p", b"_top_p", "chat", b"chat", "chat_template_kwargs", b"chat_template_kwargs", "do_sample", b"do_sample", "echo", b"echo", "frequency_penalty", b"frequency_penalty", "ignore_eos", b"ignore_eos", "include_stop_str_in_output", b"include_stop_str_in_output", "input", b"input", "logit_bias", b"logit_bias", "logprobs", b"logprobs", "max_tokens", b"max_tokens", "min_p", b"min_p", "min_tokens", b"min_tokens", "model", b"model", "n", b"n", "presence_penalty", b"presence_penalty", "prompts", b"prompts", "repetition_penalty", b"repetition_penalty", "seed", b"seed", "skip_special_tokens", b"skip_special_tokens", "stop", b"stop", "temperature", b"temperature", "top_k", b"top_k", "top_logprobs", b"top_logprobs", "top_p", b"top_p"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__do_sample: _TypeAlias = _typing.Literal["do_sample"]  # noqa: Y015
     _WhichOneofArgType__do_sample: _TypeAlias = _typing.Literal["_do_sample", b"_do_sample"]  # noqa: Y015
@@ -251,12 +278,18 @@ class GenerateRequest(_message.Message):
     _WhichOneofArgType__frequency_penalty: _TypeAlias = _typing.Literal["_frequency_penalty", b"_frequency_penalty"]  # noqa: Y015
     _WhichOneofReturnType__max_tokens: _TypeAlias = _typing.Literal["max_tokens"]  # noqa: Y015
     _WhichOneofArgType__max_tokens: _TypeAlias = _typing.Literal["_max_tokens", b"_max_tokens"]  # noqa: Y015
+    _WhichOneofReturnType__min_p: _TypeAlias = _typing.Literal["min_p"]  # noqa: Y015
+    _WhichOneofArgType__min_p: _TypeAlias = _typing.Literal["_min_p", b"_min_p"]  # noqa: Y015
+    _WhichOneofReturnType__min_tokens: _TypeAlias = _typing.Literal["min_tokens"]  # noqa: Y015
+    _WhichOneofArgType__min_tokens: _TypeAlias = _typing.Literal["_min_tokens", b"_min_tokens"]  # noqa: Y015
     _WhichOneofReturnType__presence_penalty: _TypeAlias = _typing.Literal["presence_penalty"]  # noqa: Y015
     _WhichOneofArgType__presence_penalty: _TypeAlias = _typing.Literal["_presence_penalty", b"_presence_penalty"]  # noqa: Y015
     _WhichOneofReturnType__repetition_penalty: _TypeAlias = _typing.Literal["repetition_penalty"]  # noqa: Y015
     _WhichOneofArgType__repetition_penalty: _TypeAlias = _typing.Literal["_repetition_penalty", b"_repetition_penalty"]  # noqa: Y015
     _WhichOneofReturnType__seed: _TypeAlias = _typing.Literal["seed"]  # noqa: Y015
     _WhichOneofArgType__seed: _TypeAlias = _typing.Literal["_seed", b"_seed"]  # noqa: Y015
+    _WhichOneofReturnType__skip_special_tokens: _TypeAlias = _typing.Literal["skip_special_tokens"]  # noqa: Y015
+    _WhichOneofArgType__skip_special_tokens: _TypeAlias = _typing.Literal["_skip_special_tokens", b"_skip_special_tokens"]  # noqa: Y015
     _WhichOneofReturnType__temperature: _TypeAlias = _typing.Literal["temperature"]  # noqa: Y015
     _WhichOneofArgType__temperature: _TypeAlias = _typing.Literal["_temperature", b"_temperature"]  # noqa: Y015
     _WhichOneofReturnType__top_k: _TypeAlias = _typing.Literal["top_k"]  # noqa: Y015
@@ -272,11 +305,17 @@ class GenerateRequest(_message.Message):
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__max_tokens) -> _WhichOneofReturnType__max_tokens | None: ...
     @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__min_p) -> _WhichOneofReturnType__min_p | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__min_tokens) -> _WhichOneofReturnType__min_tokens | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__presence_penalty) -> _WhichOneofReturnType__presence_penalty | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__repetition_penalty) -> _WhichOneofReturnType__repetition_penalty | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__seed) -> _WhichOneofReturnType__seed | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__skip_special_tokens) -> _WhichOneofReturnType__skip_special_tokens | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__temperature) -> _WhichOneofReturnType__temperature | None: ...
     @_typing.overload
@@ -315,6 +354,36 @@ class Accepted(_message.Message):
 Global___Accepted: _TypeAlias = Accepted  # noqa: Y015
 
 @_typing.final
+class TopLogprob(_message.Message):
+    """One of the most likely tokens at a position, with its log probability."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOKEN_FIELD_NUMBER: _builtins.int
+    LOGPROB_FIELD_NUMBER: _builtins.int
+    BYTES_FIELD_NUMBER: _builtins.int
+    token: _builtins.str
+    """The token as text."""
+    logprob: _builtins.float
+    """Its log probability."""
+    bytes: _builtins.bytes
+    """Its UTF-8 bytes (empty when the tokenizer cannot tell)."""
+    def __init__(
+        self,
+        *,
+        token: _builtins.str = ...,
+        logprob: _builtins.float = ...,
+        bytes: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes", b"bytes", "logprob", b"logprob", "token", b"token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TopLogprob: _TypeAlias = TopLogprob  # noqa: Y015
+
+@_typing.final
 class TokenLogprob(_message.Message):
     """The log probability of one generated token."""
 
@@ -324,6 +393,7 @@ class TokenLogprob(_message.Message):
     LOGPROB_FIELD_NUMBER: _builtins.int
     BYTES_FIELD_NUMBER: _builtins.int
     TEXT_OFFSET_FIELD_NUMBER: _builtins.int
+    TOP_LOGPROBS_FIELD_NUMBER: _builtins.int
     token: _builtins.str
     """The token as text (a token that is part of a multi-byte character decodes to U+FFFD)."""
     logprob: _builtins.float
@@ -332,6 +402,10 @@ class TokenLogprob(_message.Message):
     """Its UTF-8 bytes (empty when the tokenizer cannot tell)."""
     text_offset: _builtins.int
     """Where the token's text starts in the completion's text (echoed prompt included), in characters."""
+    @_builtins.property
+    def top_logprobs(self) -> _containers.RepeatedCompositeFieldContainer[Global___TopLogprob]:
+        """The `top_logprobs` most likely tokens at this position, most likely first (backends that report them)."""
+
     def __init__(
         self,
         *,
@@ -339,10 +413,11 @@ class TokenLogprob(_message.Message):
         logprob: _builtins.float = ...,
         bytes: _builtins.bytes = ...,
         text_offset: _builtins.int = ...,
+        top_logprobs: _abc.Iterable[Global___TopLogprob] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes", b"bytes", "logprob", b"logprob", "text_offset", b"text_offset", "token", b"token"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes", b"bytes", "logprob", b"logprob", "text_offset", b"text_offset", "token", b"token", "top_logprobs", b"top_logprobs"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
