@@ -69,6 +69,8 @@ class ChatCompletionRequest(GenerationRequest):
     tools: Annotated[list[Any] | None, WithJsonSchema({"anyOf": [{"type": "array", "maxItems": 0},
                                                                   {"type": "null"}]})] = None  # not yet
     tool_choice: Annotated[Any, WithJsonSchema({"enum": ["none", "auto", None]})] = None
+    # Extension (vLLM, SGLang): extra variables for the chat template, e.g. {"enable_thinking": false}.
+    chat_template_kwargs: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _rules(self) -> Self:
@@ -86,8 +88,11 @@ class ChatCompletionRequest(GenerationRequest):
 
 def to_proto(body: ChatCompletionRequest) -> llm_pb2.GenerateRequest:
     messages = [llm_pb2.ChatMessage(role=m.role, content=m.content, name=m.name or "") for m in body.messages]
-    return body.proto(body.max_completion_tokens or body.max_tokens, chat=llm_pb2.Chat(messages=messages),
-                      logprobs=bool(body.logprobs), top_logprobs=body.top_logprobs or 0)
+    proto = body.proto(body.max_completion_tokens or body.max_tokens, chat=llm_pb2.Chat(messages=messages),
+                       logprobs=bool(body.logprobs), top_logprobs=body.top_logprobs or 0)
+    if body.chat_template_kwargs:
+        proto.chat_template_kwargs.update(body.chat_template_kwargs)
+    return proto
 
 
 # The response and its stream chunks, as /openapi.json declares them (OpenAI's ChatCompletion and
@@ -160,7 +165,9 @@ class ChatShape:
     def _logprobs(self, entries: list[llm_pb2.TokenLogprob]) -> dict[str, Any] | None:
         if not self.logprobs:
             return None
-        content = [{"token": e.token, "logprob": e.logprob, "bytes": list(e.bytes) or None, "top_logprobs": []}
+        content = [{"token": e.token, "logprob": e.logprob, "bytes": list(e.bytes) or None,
+                    "top_logprobs": [{"token": t.token, "logprob": t.logprob, "bytes": list(t.bytes) or None}
+                                     for t in e.top_logprobs]}
                    for e in entries]
         return {"content": content, "refusal": None}
 

@@ -88,7 +88,9 @@ class CompletionShape:
         if not self.logprobs:
             return None
         return {"tokens": [e.token for e in entries], "token_logprobs": [e.logprob for e in entries],
-                "top_logprobs": [{e.token: e.logprob} for e in entries],
+                # The alternatives when the backend reports them, else the chosen token alone.
+                "top_logprobs": [{t.token: t.logprob for t in e.top_logprobs} or {e.token: e.logprob}
+                                 for e in entries],
                 "text_offset": [e.text_offset for e in entries]}
 
     def opening(self, index: int) -> dict[str, Any] | None:

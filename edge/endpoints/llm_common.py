@@ -80,11 +80,16 @@ class GenerationRequest(OpenAIRequest):
     temperature: Temperature | None = None
     top_p: TopP | None = None
     user: str | None = None
-    # Extensions (vLLM, Chinese-LLaMA-Alpaca's server).
+    # Extensions (vLLM, Chinese-LLaMA-Alpaca's server); the llm service refuses one its backend cannot honour.
     top_k: TopK | None = None
     repetition_penalty: RepetitionPenalty | None = None
     do_sample: bool | None = None
     num_beams: Annotated[int, Field(ge=1, le=1)] | None = None
+    min_p: Annotated[float, Field(ge=0, le=1)] | None = None
+    min_tokens: Annotated[int, Field(ge=0, le=UINT32_MAX)] | None = None
+    ignore_eos: bool | None = False
+    include_stop_str_in_output: bool | None = False
+    skip_special_tokens: bool | None = None
 
     @field_validator("stop")
     @classmethod
@@ -110,12 +115,14 @@ class GenerationRequest(OpenAIRequest):
         """The GenerateRequest with the shared fields; optional ones stay unset, so the model's defaults
         apply. `fields` are the endpoint's own."""
         proto = llm_pb2.GenerateRequest(model=self.model, n=self.n or 1, stop=self.stop or [],
-                                        logit_bias=self.logit_bias or {}, **fields)
+                                        logit_bias=self.logit_bias or {}, ignore_eos=bool(self.ignore_eos),
+                                        include_stop_str_in_output=bool(self.include_stop_str_in_output), **fields)
         optional = {"max_tokens": max_tokens, "temperature": self.temperature, "top_p": self.top_p,
                     "top_k": None if self.top_k is None else max(self.top_k, 0),
                     "repetition_penalty": self.repetition_penalty, "presence_penalty": self.presence_penalty,
                     "frequency_penalty": self.frequency_penalty, "do_sample": self.do_sample,
-                    "seed": None if self.seed is None else self.seed if self.seed < 2**63 else self.seed - 2**64}
+                    "seed": None if self.seed is None else self.seed if self.seed < 2**63 else self.seed - 2**64,
+                    "min_p": self.min_p, "min_tokens": self.min_tokens, "skip_special_tokens": self.skip_special_tokens}
         for name, value in optional.items():
             if value is not None:
                 setattr(proto, name, value)

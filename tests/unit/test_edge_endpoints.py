@@ -13,6 +13,7 @@ from edge.endpoints.chat import ChatCompletionRequest
 from edge.endpoints.common import ParamError
 from edge.endpoints.completions import CompletionRequest
 from edge.errors import OpenAIError, from_validation
+from tritongate.llm.v1 import llm_pb2
 
 MESSAGES = [{"role": "user", "content": "Hi"}]
 
@@ -151,3 +152,39 @@ def test_completion_prompt_shapes(prompt: Any) -> None:
     with pytest.raises(ValidationError) as info:
         CompletionRequest.model_validate({"model": "m", "prompt": prompt})
     assert info.value.errors()[0]["loc"] == ("prompt",)
+
+
+def test_vllm_style_knobs_reach_the_proto() -> None:
+    body = ChatCompletionRequest.model_validate({
+        "model": "m", "messages": MESSAGES, "min_p": 0.05, "min_tokens": 3, "ignore_eos": True,
+        "include_stop_str_in_output": True, "skip_special_tokens": False,
+        "chat_template_kwargs": {"enable_thinking": False, "style": {"tone": "dry"}}})
+    proto = chat.to_proto(body)
+    assert round(proto.min_p, 3) == 0.05 and proto.min_tokens == 3 and proto.HasField("min_tokens")
+    assert proto.ignore_eos and proto.include_stop_str_in_output
+    assert proto.HasField("skip_special_tokens") and not proto.skip_special_tokens
+    assert dict(proto.chat_template_kwargs) == {"enable_thinking": False, "style": {"tone": "dry"}}
+    bare = chat.to_proto(ChatCompletionRequest.model_validate({"model": "m", "messages": MESSAGES}))
+    assert not bare.HasField("min_p") and not bare.HasField("skip_special_tokens") and not bare.chat_template_kwargs
+
+
+@pytest.mark.parametrize(("body", "loc"), [({"min_p": 1.5}, ("min_p",)), ({"min_tokens": -1}, ("min_tokens",)),
+                                           ({"chat_template_kwargs": [1]}, ("chat_template_kwargs",))])
+def test_vllm_style_knobs_are_validated(body: dict[str, Any], loc: tuple[Any, ...]) -> None:
+    with pytest.raises(ValidationError) as info:
+        ChatCompletionRequest.model_validate({"model": "m", "messages": MESSAGES, **body})
+    assert info.value.errors()[0]["loc"][: len(loc)] == loc
+
+
+def test_alternatives_appear_as_top_logprobs_in_both_shapes() -> None:
+    entry = llm_pb2.TokenLogprob(token="a", logprob=-0.1, bytes=b"a", top_logprobs=[
+        llm_pb2.TopLogprob(token="a", logprob=-0.1, bytes=b"a"), llm_pb2.TopLogprob(token="b", logprob=-2.5)])
+    delta = llm_pb2.Delta(index=0, text="a", logprobs=[entry])
+    chat_entry = chat.ChatShape(logprobs=True).delta(delta)["logprobs"]["content"][0]
+    assert chat_entry["top_logprobs"] == [{"token": "a", "logprob": pytest.approx(-0.1), "bytes": [97]},
+                                          {"token": "b", "logprob": -2.5, "bytes": None}]
+    legacy = completions.CompletionShape(logprobs=True).delta(delta)["logprobs"]["top_logprobs"]
+    assert legacy == [{"a": pytest.approx(-0.1), "b": -2.5}]
+    plain = llm_pb2.Delta(index=0, text="a", logprobs=[llm_pb2.TokenLogprob(token="a", logprob=-0.5)])
+    assert completions.CompletionShape(logprobs=True).delta(plain)["logprobs"]["top_logprobs"] == [{"a": -0.5}]
+    assert chat.ChatShape(logprobs=True).delta(plain)["logprobs"]["content"][0]["top_logprobs"] == []
