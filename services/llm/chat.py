@@ -104,15 +104,14 @@ class ChatTemplate:
             raise ConfigError(f"chat template {origin}: line {exc.lineno}: {exc.message}") from None
         self.special_tokens = {key: value for key, value in special_tokens.items() if isinstance(value, str)}
 
-    def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True) -> str:
+    def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
+               variables: Mapping[str, Any] | None = None) -> str:
+        """`variables` (the request's `chat_template_kwargs`, e.g. `enable_thinking`) are extra names the
+        template sees; they cannot replace the messages or the generation prompt flag."""
+        context = {**self.special_tokens, "tools": None, "documents": None, **_plain(dict(variables or {})),
+                   "messages": _plain(list(messages)), "add_generation_prompt": add_generation_prompt}
         try:
-            return self.template.render(
-                **self.special_tokens,
-                messages=_plain(list(messages)),
-                add_generation_prompt=add_generation_prompt,
-                tools=None,
-                documents=None,
-            )
+            return self.template.render(**context)
         except jinja2.TemplateError as exc:  # raise_exception, undefined names, sandbox violations
             raise invalid_argument(f"The chat template rejected the messages: {exc.message or exc}",
                                    "messages") from None

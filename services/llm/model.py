@@ -8,6 +8,8 @@ from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from google.protobuf import json_format, struct_pb2
+
 from services.common.errors import invalid_argument
 from services.common.server import ServedModel
 from services.common.tokenizer import load_tokenizer
@@ -79,19 +81,21 @@ class LanguageModel(ServedModel):
     def tokenize(self, text: str, special: bool) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=special))
 
-    def chat_prompt(self, chat: llm_pb2.Chat) -> list[int]:
+    def chat_prompt(self, chat: llm_pb2.Chat, chat_template_kwargs: struct_pb2.Struct) -> list[int]:
         """The messages (roles already checked by the edge) through the chat template, as token ids."""
         if self.template is None:
             raise invalid_argument(f"Model `{self.name}` has no chat template: use /v1/completions, or set "
                                    "`chat_template` in the model configuration.", "model")
         messages = [{"role": m.role, "content": m.content, **({"name": m.name} if m.name else {})}
                     for m in chat.messages]
-        return self.tokenize(self.template.render(messages, add_generation_prompt=True), special=False)
+        variables = json_format.MessageToDict(chat_template_kwargs) if chat_template_kwargs.fields else None
+        return self.tokenize(self.template.render(messages, add_generation_prompt=True, variables=variables),
+                             special=False)
 
     def prompts(self, request: llm_pb2.GenerateRequest) -> PromptSet:
         """The chat through the template, or each prompt (text or token ids) checked against the vocabulary."""
         if request.WhichOneof("input") == "chat":
-            return PromptSet([self.chat_prompt(request.chat)], [""], "messages")
+            return PromptSet([self.chat_prompt(request.chat, request.chat_template_kwargs)], [""], "messages")
         prompts, echoes = [], []
         vocab = self.policy.vocab_size
         for i, prompt in enumerate(request.prompts.prompts):

@@ -138,6 +138,19 @@ def _logit_bias(request: llm_pb2.GenerateRequest, policy: GenerationPolicy) -> l
     return bans
 
 
+def _refuse_knobs_no_adapter_has(request: llm_pb2.GenerateRequest, policy: GenerationPolicy) -> None:
+    """vLLM's extensions that the edge accepts but no backend adapter honours yet: refused when used, never
+    silently dropped."""
+    used = {"min_p": request.HasField("min_p") and request.min_p > 0,
+            "min_tokens": request.HasField("min_tokens") and request.min_tokens > 0,
+            "ignore_eos": request.ignore_eos,
+            "include_stop_str_in_output": request.include_stop_str_in_output,
+            "skip_special_tokens": request.HasField("skip_special_tokens") and not request.skip_special_tokens}
+    for param, value in used.items():
+        if value:
+            raise policy.unsupported(param)
+
+
 def sampling(request: llm_pb2.GenerateRequest, policy: GenerationPolicy) -> tuple[Sampling, list[str]]:
     """The request's sampling (without max_new_tokens and seed, which are per choice) and stop strings."""
     defaults, backend = policy.defaults, policy.backend
@@ -163,6 +176,7 @@ def sampling(request: llm_pb2.GenerateRequest, policy: GenerationPolicy) -> tupl
         if request.echo:
             raise invalid_argument("`echo` with `logprobs` is not supported: the backend returns no log "
                                    "probabilities for prompt tokens.", "echo")
+    _refuse_knobs_no_adapter_has(request, policy)
     stops = list(dict.fromkeys(request.stop))
     greedy = temperature == 0 or top_p == 0 or top_k == 1 or (request.HasField("do_sample") and not request.do_sample)
     stop_words = list(defaults.stop_words)

@@ -169,6 +169,9 @@ def _bad_requests() -> list[tuple[str, dict[str, Any], int, str | None]]:
         ("embedding model", {"model": "all-minilm-l6-v2", "messages": hi}, 400, "model"),
         ("frequency_penalty", {"messages": hi, "frequency_penalty": 0.5}, 400, "frequency_penalty"),
         ("tools", {"messages": hi, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
+        ("min_p on FasterTransformer", {"messages": hi, "min_p": 0.1}, 400, "min_p"),
+        ("ignore_eos on FasterTransformer", {"messages": hi, "ignore_eos": True}, 400, "ignore_eos"),
+        ("min_p 2", {"messages": hi, "min_p": 2}, 400, "min_p"),
         ("stream_options without stream", {"messages": hi, "stream_options": {"include_usage": True}}, 400,
          "stream_options"),
     ]
@@ -192,3 +195,11 @@ def test_the_openai_sdk_raises_the_error_with_its_param(client: openai.OpenAI) -
     assert info.value.param == "n"
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "hi"}])
+
+
+def test_chat_template_kwargs_are_served_not_refused(http: httpx.Client) -> None:
+    """SmolLM2's template reads no extra variable, so the answer is the same as without them (that the
+    template sees them is tests/unit/test_llm_chat_template.py's)."""
+    plain = chat(http, max_tokens=3)["choices"][0]["message"]["content"]
+    with_kwargs = chat(http, max_tokens=3, chat_template_kwargs={"enable_thinking": False})
+    assert with_kwargs["choices"][0]["message"]["content"] == plain

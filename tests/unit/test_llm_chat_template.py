@@ -78,3 +78,12 @@ def test_transformers_globals_and_tags() -> None:
 def test_a_template_that_does_not_compile_fails_at_start_up() -> None:
     with pytest.raises(ConfigError, match="line 1"):
         ChatTemplate("{% for %}", SPECIAL, "broken.jinja")
+
+
+def test_chat_template_kwargs_are_template_variables_but_cannot_replace_the_messages() -> None:
+    template = ChatTemplate("{% if enable_thinking %}<think>{% endif %}{{ messages[0].content }}"
+                            "{% if add_generation_prompt %}>{% endif %}", {}, "test")
+    messages = [{"role": "user", "content": "hi"}]
+    assert template.render(messages) == "hi>"
+    assert template.render(messages, variables={"enable_thinking": True}) == "<think>hi>"
+    assert template.render(messages, variables={"messages": [], "add_generation_prompt": False}) == "hi>"

@@ -207,3 +207,16 @@ def test_each_choice_names_the_request_and_its_index_in_triton() -> None:
     choice = for_choice(base, 10, 42, "req-1", 3)
     assert (choice.max_new_tokens, choice.seed, choice.request_id) == (10, 42, "req-1-3")
     assert for_choice(base, 10, 42, NO_REQUEST, 0).request_id == ""
+
+
+@pytest.mark.parametrize(("param", "fields"), [
+    ("min_p", {"min_p": 0.1}), ("min_tokens", {"min_tokens": 2}), ("ignore_eos", {"ignore_eos": True}),
+    ("include_stop_str_in_output", {"include_stop_str_in_output": True}),
+    ("skip_special_tokens", {"skip_special_tokens": False}),
+])
+def test_vllm_extensions_no_adapter_honours_are_refused_not_dropped(param: str, fields: dict[str, Any]) -> None:
+    assert "not supported by the fake backend" in refused(param, **fields)
+
+
+def test_vllm_extensions_at_their_defaults_pass() -> None:
+    resolve(min_p=0.0, min_tokens=0, ignore_eos=False, include_stop_str_in_output=False, skip_special_tokens=True)
