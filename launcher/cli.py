@@ -1,6 +1,8 @@
 """The `tritongate` command: one entry point for every component.
 
     tritongate up                 # the whole embedded stack: local Triton, services, edge
+    tritongate up --demo-llm all  # ... with the demo LLM behind FasterTransformer's, TensorRT-LLM's
+                                  # (tensors and ensemble) and vLLM's interfaces, one model id each
     tritongate edge|llm|embed|rerank   # one component
     tritongate triton             # a local Triton on the demo model repository
     tritongate models fetch       # download the demo models
@@ -49,6 +51,21 @@ def _api_keys(parser: argparse.ArgumentParser) -> None:
                         help="accepted API keys, one a line, # comments (default $TRITONGATE_API_KEY_FILE)")
 
 
+def _demo_llm(parser: argparse.ArgumentParser) -> None:
+    def names(value: str) -> tuple[str, ...]:
+        from launcher.stack import parse_demo_llms
+
+        try:
+            return parse_demo_llms([value])
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    parser.add_argument("--demo-llm", type=names, action="append", metavar="NAMES",
+                        help="the demo LLM's Triton interfaces to serve, each under its own model id: "
+                        "fastertransformer (default), tensorrt_llm, tensorrt_llm_text (TensorRT-LLM's ensemble), "
+                        "vllm, or all; comma-separated or repeated")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tritongate", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -59,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--port", type=int, help="edge port (default 5100)")
     up.add_argument("--uvicorn-log-level", choices=UVICORN_LEVELS)
     up.add_argument("--no-fetch", action="store_true", help="do not download missing demo models")
+    _demo_llm(up)
     _config_file(up)
     _api_keys(up)
     _common(up)
@@ -94,6 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     triton.add_argument("--metrics-port", type=int)
     triton.add_argument("--model-repository", type=Path, action="append",
                         help="model repository (repeatable; default deploy/triton)")
+    _demo_llm(triton)
     _common(triton)
 
     models = commands.add_parser("models", help="manage the demo models")
@@ -180,10 +199,18 @@ def _run_edge(settings: Settings) -> None:
                 log_config=None, access_log=False)
 
 
-def _run_triton(settings: Settings) -> None:
+def _demo_llms(args: argparse.Namespace) -> tuple[str, ...]:
+    from launcher.stack import DEFAULT_DEMO_LLMS, parse_demo_llms
+
+    return parse_demo_llms(",".join(names) for names in args.demo_llm) if args.demo_llm else DEFAULT_DEMO_LLMS
+
+
+def _run_triton(args: argparse.Namespace, settings: Settings) -> None:
+    from launcher.stack import demo_llm_triton
     from tritongate.triton_local import run_triton_foreground
 
-    run_triton_foreground(settings)
+    repositories, load_models = demo_llm_triton(settings, _demo_llms(args))
+    run_triton_foreground(settings, repositories, load_models)
 
 
 def _models(args: argparse.Namespace, settings: Settings) -> None:
@@ -212,7 +239,7 @@ def _health(args: argparse.Namespace, settings: Settings) -> None:
 def _up(args: argparse.Namespace, settings: Settings) -> None:
     from launcher.stack import run_stack
 
-    sys.exit(run_stack(settings, fetch=not args.no_fetch))
+    sys.exit(run_stack(settings, fetch=not args.no_fetch, demo_llms=_demo_llms(args)))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -232,7 +259,7 @@ def main(argv: list[str] | None = None) -> None:
     runners: dict[str, Callable[[], None]] = {
         "up": lambda: _up(args, settings),
         "edge": lambda: _run_edge(settings),
-        "triton": lambda: _run_triton(settings),
+        "triton": lambda: _run_triton(args, settings),
         "models": lambda: _models(args, settings),
         "health": lambda: _health(args, settings),
         **{service.name: (lambda service=service: _run_service(service, settings))  # type: ignore[misc]

@@ -8,21 +8,82 @@ model configuration has entries.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from launcher.healthcheck import probe
 from tritongate.config import ModelConfig, load_model_config
 from tritongate.registry import SERVICES, ServiceInfo
-from tritongate.settings import Settings, env_var, port_field, target_field
+from tritongate.settings import DEPLOY_DIR, Settings, env_var, port_field, target_field
 from tritongate.tls import ClientTls, client_tls, server_credentials
 from tritongate.triton_local import TritonError, TritonProcess, start_triton, stop_on_signals
+
+# The demo LLM (SmolLM2-135M-Instruct) behind each Triton LLM interface: `--demo-llm` name (the model
+# configuration's `backend`) → model id, which is also its Triton model. The FasterTransformer one lives in
+# deploy/triton with the other demo models; the other three in DEMO_LLM_REPOSITORY, loaded only when asked.
+DEMO_LLMS = {
+    "fastertransformer": "smollm2-135m-instruct",
+    "tensorrt_llm": "smollm2-135m-instruct-trtllm",
+    "tensorrt_llm_text": "smollm2-135m-instruct-trtllm-ensemble",
+    "vllm": "smollm2-135m-instruct-vllm",
+}
+DEFAULT_DEMO_LLMS = ("fastertransformer",)
+DEMO_LLM_REPOSITORY = DEPLOY_DIR / "triton-llm-backends"
+DEFAULT_CONFIG = DEPLOY_DIR / "model_config.json"
+# The demo configuration with all four demo LLMs; `--demo-llm` keeps the chosen ones.
+ALL_DEMO_LLMS_CONFIG = DEPLOY_DIR / "model_config.all.json"
+
+
+def parse_demo_llms(values: Iterable[str]) -> tuple[str, ...]:
+    """`--demo-llm` values (each a name, a comma-separated list or `all`) as names in DEMO_LLMS order."""
+    chosen: set[str] = set()
+    for value in values:
+        for name in filter(None, (part.strip() for part in value.split(","))):
+            if name == "all":
+                chosen.update(DEMO_LLMS)
+            elif name in DEMO_LLMS:
+                chosen.add(name)
+            else:
+                raise ValueError(f"unknown demo LLM {name!r}; choose from {', '.join(DEMO_LLMS)} or all")
+    if not chosen:
+        raise ValueError("no demo LLM given")
+    return tuple(name for name in DEMO_LLMS if name in chosen)
+
+
+def demo_llm_triton(settings: Settings, demo_llms: tuple[str, ...]) -> tuple[list[Path], list[str] | None]:
+    """The Triton repositories to add and the models to load (None: every model, as Triton does by
+    default) to serve `demo_llms`. The default stack adds nothing and loads its repositories whole."""
+    if demo_llms == DEFAULT_DEMO_LLMS:
+        return [], None
+    unwanted = {DEMO_LLMS[name] for name in DEMO_LLMS if name not in demo_llms}
+    models = [path.name for repository in settings.triton_model_repository for path in sorted(repository.iterdir())
+              if (path / "config.pbtxt").is_file() and path.name not in unwanted]
+    extra = [DEMO_LLMS[name] for name in demo_llms if (DEMO_LLM_REPOSITORY / DEMO_LLMS[name]).is_dir()]
+    return [DEMO_LLM_REPOSITORY], [*models, *(name for name in extra if name not in models)]
+
+
+def demo_llm_config(settings: Settings, demo_llms: tuple[str, ...]) -> Path:
+    """The model configuration for `demo_llms`: the one given (--config-file or $TRITONGATE_CONFIG_FILE)
+    if any, else the demo configuration with those LLMs (written to the cache for a subset)."""
+    if Path(settings.config_file) != DEFAULT_CONFIG or demo_llms == DEFAULT_DEMO_LLMS:
+        return Path(settings.config_file)
+    if demo_llms == tuple(DEMO_LLMS):
+        return ALL_DEMO_LLMS_CONFIG
+    ids = {DEMO_LLMS[name] for name in demo_llms}
+    config = json.loads(ALL_DEMO_LLMS_CONFIG.read_text())
+    config["llm"] = [entry for entry in config["llm"] if entry["name"] in ids]
+    config["model_infos"] = [info for info in config.get("model_infos", []) if info["name"] in ids]
+    path = settings.cache_dir / f"model_config.demo-llm.{'+'.join(demo_llms)}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(config, indent=2) + "\n")
+    return path
 
 
 def say(message: str) -> None:
@@ -53,6 +114,7 @@ class LocalStack:
     extra_repositories: list[Path] = field(default_factory=list)
     extra_env: dict[str, str] = field(default_factory=dict)
     metrics_ports: dict[str, int] = field(default_factory=dict)  # per service; else settings.metrics_port
+    load_models: list[str] | None = None  # only these Triton models (explicit model control); None: all
     children: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
     own_triton: bool = False
 
@@ -130,7 +192,7 @@ class LocalStack:
             self.triton = start_triton(
                 repositories=[*s.triton_model_repository, *self.extra_repositories], models_dir=s.models_dir,
                 cache_dir=s.cache_dir, http_port=s.triton_http_port, grpc_port=s.triton_grpc_port,
-                metrics_port=s.triton_metrics_port, extra_env=self.extra_env,
+                metrics_port=s.triton_metrics_port, extra_env=self.extra_env, load_models=self.load_models,
                 log_path=self.log_dir / "tritonserver.log" if self.log_dir else None,
             )
             self.triton.wait_ready(s.triton_start_timeout_s, cancelled)
@@ -174,14 +236,16 @@ class LocalStack:
             self.triton.stop()
 
 
-def run_stack(settings: Settings, fetch: bool = True) -> int:
+def run_stack(settings: Settings, fetch: bool = True, demo_llms: tuple[str, ...] = DEFAULT_DEMO_LLMS) -> int:
+    settings = settings.model_copy(update={"config_file": demo_llm_config(settings, demo_llms)})
     config = load_model_config(settings.config_file)  # fail fast, before starting anything
     if fetch:
         from tritongate.demo_models import fetch_models, missing_models
 
         if missing_models(settings.models_dir):
             fetch_models(settings.models_dir)
-    stack = LocalStack(settings)
+    repositories, load_models = demo_llm_triton(settings, demo_llms)
+    stack = LocalStack(settings, extra_repositories=repositories, load_models=load_models)
     stopping = stop_on_signals()
     try:
         say("starting Triton and the services (the first start loads the demo models: about a minute)")
@@ -206,6 +270,8 @@ def _announce(url: str, config: ModelConfig, keyed: bool = False) -> None:
     say(f"ready: OpenAI API at {url}/v1 (docs: {url}/docs); Ctrl-C stops everything")
     if keyed:
         say("API keys are set: add -H 'Authorization: Bearer <key>' to the requests below")
+    if len(config.llm) > 1:
+        say(f"LLMs: {', '.join(entry.name for entry in config.llm)}")
     examples = [f"  curl {url}/v1/models"]
     if config.llm:
         question = '[{"role": "user", "content": "What is the capital of France?"}]'

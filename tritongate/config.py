@@ -129,8 +129,15 @@ class LlmModel(TritonModelEntry):
     """A chat/completions model (Denglin: `llm[]`)."""
 
     chat_template: str | None = None
-    backend: Literal["fastertransformer", "tensorrt_llm", "vllm"] = "fastertransformer"
+    backend: Literal["fastertransformer", "tensorrt_llm", "tensorrt_llm_text", "vllm"] | None = Field(
+        None, description="The Triton model's LLM interface; default: detected from its Triton configuration"
+    )
     # Extensions.
+    accumulate_tokens: bool | None = Field(
+        None, description="tensorrt_llm_text: the BLS model sends the whole text so far on each response; "
+        "default: its `accumulate_tokens` parameter"
+    )
+    lora_name: str | None = Field(None, description="vllm: the LoRA adapter every request of this model uses")
     triton_inputs: dict[str, float] = Field(
         default_factory=dict,
         description="Constant scalar inputs added to every Triton request (e.g. FT's `len_penalty`), by "

@@ -156,12 +156,16 @@ def start_triton(
     log_path: Path | None = None,
     extra_env: dict[str, str] | None = None,
     exit_timeout_s: int = 5,
+    load_models: Sequence[str] | None = None,
 ) -> TritonProcess:
     """Start tritonserver in its own process group (so its stubs go with it); does not wait.
 
     `exit_timeout_s` bounds how long Triton waits on SIGTERM for models to unload. The Python backend
     now and then keeps a decoupled model "live" after every request has ended, and Triton then waits
-    the whole timeout (30 s by default); a stack stops its services first, so nothing is in flight."""
+    the whole timeout (30 s by default); a stack stops its services first, so nothing is in flight.
+
+    `load_models`: load only these models of the repositories (Triton's explicit model control);
+    None loads every model in them."""
     server = prepare_server(cache_dir)
     for repo in repositories:
         if not Path(repo).is_dir():
@@ -177,6 +181,8 @@ def start_triton(
         "--allow-metrics=true",
         f"--exit-timeout-secs={exit_timeout_s}",
     ]
+    if load_models is not None:
+        args += ["--model-control-mode=explicit", *(f"--load-model={name}" for name in load_models)]
     log_path = log_path or cache_dir / "logs" / f"tritonserver-{grpc_port}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     env = server_env(models_dir) | (extra_env or {})
@@ -199,10 +205,12 @@ def stop_on_signals() -> Callable[[], bool]:
     return lambda: raised
 
 
-def run_triton_foreground(settings: Settings) -> None:
+def run_triton_foreground(settings: Settings, extra_repositories: Sequence[Path] = (),
+                          load_models: Sequence[str] | None = None) -> None:
     """`tritongate triton`: start, wait for the models, run until Ctrl-C or SIGTERM."""
     triton = start_triton(
-        repositories=settings.triton_model_repository,
+        repositories=[*settings.triton_model_repository, *extra_repositories],
+        load_models=load_models,
         models_dir=settings.models_dir,
         cache_dir=settings.cache_dir,
         http_port=settings.triton_http_port,

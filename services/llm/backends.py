@@ -1,10 +1,11 @@
 """The one interface between the LLM service and a Triton LLM backend.
 
 Backends differ in tensor names, in what they stream (FasterTransformer: the whole sequence so far on
-every response; TensorRT-LLM: only the new tokens; vLLM: new text) and in which sampling knobs they
-have. An adapter hides all of it: it takes a prompt's token ids and backend-neutral `Sampling`, and
-yields `Step`s holding only the tokens generated since the previous step. Everything above it
-(templates, stop strings, detokenization, n choices, usage) is the same for every backend.
+every response; TensorRT-LLM: only the new tokens; its ensemble and vLLM: new text) and in which sampling
+knobs they have. An adapter hides all of it: it takes a prompt (token ids, and the same prompt as text for
+backends that tokenize themselves) and backend-neutral `Sampling`, and yields `Step`s holding only what
+was generated since the previous step: token ids, or text. Everything above it (templates, stop strings,
+detokenization of token steps, n choices, usage, finish reasons) is the same for every backend.
 """
 
 from __future__ import annotations
@@ -14,8 +15,17 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 # Sampling features a request may need and a backend may lack.
-Knob = Literal["presence_penalty", "frequency_penalty", "logprobs", "bad_words", "stop_words", "seed", "top_k",
-               "repetition_penalty"]
+Knob = Literal[
+    "presence_penalty", "frequency_penalty", "logprobs", "bad_words", "stop_words", "seed", "top_k",
+    "repetition_penalty",
+    "logit_bias",  # bans (-100) of single token ids
+    "min_p", "min_tokens", "ignore_eos",
+    "top_logprobs",  # the most likely alternatives at each position
+    "special_tokens",  # special tokens decoded into the text (skip_special_tokens: false)
+]
+
+# Finish reasons a backend may report; without one the service decides from the token count.
+FinishReason = Literal["stop", "length"]
 
 
 @dataclass
@@ -37,20 +47,47 @@ class Sampling:
     bad_words: list[list[int]] = field(default_factory=list)  # token-id words it must not generate
     logprobs: bool = False
     request_id: str = ""  # shown in Triton's logs and traces: the client request id and choice index
+    min_p: float = 0.0  # 0: off
+    min_tokens: int = 0  # the end id and stops may not end a completion before this many tokens
+    ignore_eos: bool = False  # generate past the end id
+    top_logprobs: int = 0  # alternatives per position (with logprobs)
+    skip_special_tokens: bool = True
+    include_stop_str: bool = False  # the stop string that ended the completion stays in its text
+    stop: list[str] = field(default_factory=list)  # stop strings, for backends that take text
+    bad: list[str] = field(default_factory=list)  # banned words as text, for backends that take text
 
 
 @dataclass
 class Step:
-    """Tokens generated since the previous step, with their log probabilities when asked for."""
+    """What was generated since the previous step.
 
-    token_ids: list[int]
+    Token-level backends fill `token_ids` (and `logprobs` when asked for). Text-level backends fill `text`
+    (the new text; "" when a response brought none) and, where they report them, `tokens` (how many tokens
+    this text is), `token_ids` with `logprobs` and `top_logprobs` (alternatives as (token id, log
+    probability), most likely first), `finish_reason` and `prompt_tokens` (the prompt as the backend
+    tokenized it).
+    """
+
+    token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] | None = None
+    text: str | None = None
+    tokens: int | None = None
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+    finish_reason: FinishReason | None = None
+    prompt_tokens: int | None = None
 
 
 class LlmBackend(Protocol):
     """What the service needs from a Triton LLM backend."""
 
-    name: str
+    @property
+    def name(self) -> str:
+        """The backend's name in messages (`fastertransformer`, `tensorrt_llm`, ...)."""
+
+    @property
+    def takes_text(self) -> bool:
+        """Whether the backend tokenizes the prompt itself and streams text (`stream` gets the prompt's
+        text, steps carry text); token-level backends get token ids and stream token ids."""
 
     def configure(self, triton_config: dict[str, Any]) -> None:
         """Read the Triton model's configuration (each time the model becomes ready); raise ServiceError
@@ -59,6 +96,7 @@ class LlmBackend(Protocol):
     def supports(self, knob: Knob) -> bool:
         """Whether the backend can honour `knob` (a request that needs a missing knob is refused)."""
 
-    def stream(self, prompt: Sequence[int], sampling: Sampling, timeout: float | None
+    def stream(self, prompt: Sequence[int], sampling: Sampling, timeout: float | None, text: str = ""
                ) -> AsyncGenerator[Step, None]:
-        """Generate one completion. Closing the iterator cancels the request inside Triton."""
+        """Generate one completion of `prompt` (token ids; `text` is the same prompt as text). Closing the
+        iterator cancels the request inside Triton."""

@@ -1,9 +1,14 @@
-"""One completion's text as its tokens stream in, and the merging of concurrent completions.
+"""One completion's text as its steps stream in, and the merging of concurrent completions.
 
-Per token: token-id stop words (end id included) are matched and dropped, the rest is detokenized
-(whole characters only), then stop strings are matched on the text and cut. Log probabilities follow
-their tokens: a token's entry goes out with the first text at or after its start, and is dropped when a
-stop string cuts the text before it.
+Token steps, per token: token-id stop words (end id included) are matched and dropped, the rest is
+detokenized (whole characters only), then stop strings are matched on the text and cut. Text steps
+(backends that detokenize themselves) go straight to the stop-string matcher, which the service applies
+whatever the backend did (a backend that already cut a stop string leaves nothing for it to find).
+Log probabilities follow their tokens: a token's entry goes out with the first text at or after its
+start, and is dropped when a stop string cuts the text before it.
+
+A token step counts its tokens; a text step counts what the backend says it holds, or, when the backend
+says nothing, what the model's tokenizer makes of the text (at least one token per response with text).
 """
 
 from __future__ import annotations
@@ -12,9 +17,10 @@ import asyncio
 import contextlib
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
+from services.llm.backends import FinishReason, Step
 from services.llm.detokenizer import Detokenizer, TokenDecoding
 from services.llm.stops import StopStrings, StopTokens
 from tritongate.llm.v1 import llm_pb2
@@ -25,29 +31,61 @@ class _Entry:
     token: int
     logprob: float
     start: int  # text offset where the token's text begins
+    top: list[tuple[int, float]] = field(default_factory=list)  # alternatives, most likely first
+
+
+@dataclass
+class _TextCount:
+    """Tokens behind text steps: the backend's counts where it gives them, else estimated."""
+
+    reported: int = 0
+    any_reported: bool = False
+    steps: int = 0  # uncounted steps that brought text
+    received: list[str] = field(default_factory=list)  # text as it came (before stop strings)
+
+    def add(self, step: Step) -> None:
+        self.received.append(step.text or "")
+        if step.tokens is not None:
+            self.reported += step.tokens
+            self.any_reported = True
+        elif step.text:
+            self.steps += 1
 
 
 class Completion:
-    """One choice: feed it tokens, take Delta messages."""
+    """One choice: feed it steps, take Delta messages."""
 
     def __init__(self, index: int, prompt: Sequence[int], *, max_new: int, stop_words: list[list[int]],
-                 stops: list[str], decoding: TokenDecoding, echo: str = "") -> None:
+                 stops: list[str], decoding: TokenDecoding, echo: str = "", min_tokens: int = 0,
+                 include_stop: bool = False, skip_special_tokens: bool = True) -> None:
         self.index = index
         self.max_new = max_new
-        self.tokens = StopTokens(stop_words)
-        self.detokenizer = Detokenizer(decoding.decode, prompt)
-        self.strings = StopStrings(stops)
+        self.min_tokens = min_tokens
+        self.tokens = StopTokens(stop_words, min_tokens)
+        self.detokenizer = Detokenizer(decoding.decode if skip_special_tokens else decoding.decode_special, prompt)
+        self.strings = StopStrings(stops, include=include_stop)
         self.token_text = decoding.token_text
+        self.count = decoding.count
         self.echo = echo
         self.decoded = len(echo)  # characters decoded so far (echo included), before stop strings
         self.emitted = len(echo)  # characters sent so far
         self.entries: deque[_Entry] = deque()
         self.logprobs: deque[float] = deque()
+        self.text: _TextCount | None = None  # set by the first text step
+        self.reason: FinishReason | None = None  # the backend's, when it says
+        self.prompt_tokens: int | None = None  # the prompt's tokens as the backend counted them
+        self.armed = min_tokens == 0
 
     @property
     def consumed(self) -> int:
         """Generated tokens used, up to the one that ended the completion."""
-        return self.tokens.consumed
+        if self.text is None:
+            return self.tokens.consumed
+        count = self.text
+        if count.any_reported:
+            return count.reported
+        received = "".join(count.received)
+        return max(self.count(received[: self.strings.end] if self.strings.stopped else received), count.steps)
 
     @property
     def stopped(self) -> bool:
@@ -55,11 +93,18 @@ class Completion:
 
     @property
     def done(self) -> bool:
-        return self.stopped or self.consumed >= self.max_new
+        """Nothing more to take: a stop, or (token steps) the token limit. Text backends end by themselves."""
+        return self.stopped or (self.text is None and self.consumed >= self.max_new)
 
     def start(self) -> llm_pb2.Delta | None:
         """The echoed prompt, if any, as the first increment."""
         return llm_pb2.Delta(index=self.index, text=self.echo) if self.echo else None
+
+    def add(self, step: Step) -> llm_pb2.Delta | None:
+        """The increment a backend step makes (None when it makes no text yet)."""
+        if step.text is None:
+            return self.feed(step.token_ids, step.logprobs)
+        return self._feed_text(step)
 
     def feed(self, tokens: Sequence[int], logprobs: Sequence[float] | None = None) -> llm_pb2.Delta | None:
         """The increment these tokens make (None when they make no text yet)."""
@@ -81,14 +126,22 @@ class Completion:
         """The last increment, with the finish reason."""
         text = ""
         if not self.strings.stopped:  # what was held back did not become a stop string: it goes out
-            if not self.tokens.stopped:
-                text = "".join(self._decode(t) for t in self.tokens.flush())
-            text += self.strings.feed(self.detokenizer.flush())
+            if self.text is None:
+                if not self.tokens.stopped:
+                    text = "".join(self._decode(t) for t in self.tokens.flush())
+                text += self.strings.feed(self.detokenizer.flush(), self._armed())
             if not self.strings.stopped:
                 text += self.strings.flush()
         self.emitted += len(text)
-        reason = "stop" if self.stopped or self.consumed < self.max_new else "length"
-        return llm_pb2.Delta(index=self.index, text=text, finish_reason=reason, logprobs=self._logprobs(final=True))
+        return llm_pb2.Delta(index=self.index, text=text, finish_reason=self._finish_reason(),
+                             logprobs=self._logprobs(final=True))
+
+    def _finish_reason(self) -> FinishReason:
+        if self.stopped:
+            return "stop"
+        if self.text is not None and self.reason is not None:
+            return self.reason
+        return "stop" if self.consumed < self.max_new else "length"
 
     def _decode(self, token: int) -> str:
         start = self.decoded
@@ -96,7 +149,35 @@ class Completion:
             self.entries.append(_Entry(token, self.logprobs.popleft(), start))
         piece = self.detokenizer.add(token)
         self.decoded += len(piece)
-        return self.strings.feed(piece)
+        return self.strings.feed(piece, self._armed())
+
+    def _armed(self) -> bool:
+        """Whether stop strings may end the completion yet (min_tokens reached); counted until they may."""
+        self.armed = self.armed or self.consumed >= self.min_tokens
+        return self.armed
+
+    def _feed_text(self, step: Step) -> llm_pb2.Delta | None:
+        count = self.text = self.text or _TextCount()
+        if step.prompt_tokens is not None:
+            self.prompt_tokens = step.prompt_tokens
+        self.reason = step.finish_reason or self.reason
+        if self.strings.stopped:
+            return None
+        count.add(step)
+        text = step.text or ""
+        if step.logprobs is not None:
+            self._text_entries(step, text)
+        self.decoded += len(text)
+        return self._delta(self.strings.feed(text, self._armed()))
+
+    def _text_entries(self, step: Step, text: str) -> None:
+        """Entries for the tokens behind a text step, each starting where its own text would (within the step)."""
+        offset = 0
+        tops = step.top_logprobs or []
+        for i, (token, logprob) in enumerate(zip(step.token_ids, step.logprobs or [], strict=False)):
+            self.entries.append(_Entry(token, logprob, self.decoded + min(offset, len(text)),
+                                       tops[i] if i < len(tops) else []))
+            offset += len(self.token_text.text(token))
 
     def _delta(self, text: str) -> llm_pb2.Delta | None:
         self.emitted += len(text)
@@ -104,12 +185,17 @@ class Completion:
         return llm_pb2.Delta(index=self.index, text=text, logprobs=logprobs) if text or logprobs else None
 
     def _logprobs(self, final: bool) -> list[llm_pb2.TokenLogprob]:
-        """Entries of tokens whose text has begun to go out; at the end, all that a stop string left."""
+        """Entries of tokens whose text has begun to go out; at the end, all that a stop string left (for
+        text steps: those with text)."""
         ready = []
-        while self.entries and (self.entries[0].start < self.emitted or (final and not self.strings.stopped)):
+        rest = final and not self.strings.stopped and self.text is None
+        while self.entries and (self.entries[0].start < self.emitted or rest):
             entry = self.entries.popleft()
-            ready.append(llm_pb2.TokenLogprob(token=self.token_text.text(entry.token), logprob=entry.logprob,
-                                              bytes=self.token_text.bytes(entry.token), text_offset=entry.start))
+            ready.append(llm_pb2.TokenLogprob(
+                token=self.token_text.text(entry.token), logprob=entry.logprob,
+                bytes=self.token_text.bytes(entry.token), text_offset=entry.start,
+                top_logprobs=[llm_pb2.TopLogprob(token=self.token_text.text(t), logprob=value,
+                                                 bytes=self.token_text.bytes(t)) for t, value in entry.top]))
         if final:
             self.entries.clear()
         return ready

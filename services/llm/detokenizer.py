@@ -61,12 +61,13 @@ class Detokenizer:
         return delta
 
 
-def text_decoder(tokenizer: PreTrainedTokenizerBase) -> Decode:
-    """Decode without special tokens; straight through the Rust tokenizer when there is one."""
+def text_decoder(tokenizer: PreTrainedTokenizerBase, skip_special_tokens: bool = True) -> Decode:
+    """Decode without special tokens (or with them); straight through the Rust tokenizer when there is one."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None:
-        return lambda ids: str(backend.decode(ids, skip_special_tokens=True))
-    return lambda ids: str(tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False))
+        return lambda ids: str(backend.decode(ids, skip_special_tokens=skip_special_tokens))
+    return lambda ids: str(tokenizer.decode(ids, skip_special_tokens=skip_special_tokens,
+                                            clean_up_tokenization_spaces=False))
 
 
 def _byte_level_table() -> dict[str, int]:
@@ -108,11 +109,16 @@ class TokenText:
 
 @dataclass(frozen=True)
 class TokenDecoding:
-    """How one model's tokens become text: incrementally (completions) and one by one (log probabilities)."""
+    """How one model's tokens become text: incrementally (completions; `decode_special` keeps special
+    tokens, for `skip_special_tokens: false`) and one by one (log probabilities); and how many tokens a
+    text is (completions of backends that stream text without counting its tokens)."""
 
     decode: Decode
     token_text: TokenText
+    decode_special: Decode
+    count: Callable[[str], int]
 
     @classmethod
     def of(cls, tokenizer: PreTrainedTokenizerBase) -> TokenDecoding:
-        return cls(text_decoder(tokenizer), TokenText(tokenizer))
+        return cls(text_decoder(tokenizer), TokenText(tokenizer), text_decoder(tokenizer, skip_special_tokens=False),
+                   lambda text: len(tokenizer.encode(text, add_special_tokens=False)) if text else 0)

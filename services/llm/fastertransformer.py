@@ -2,7 +2,8 @@
 
 Inputs: `input_ids` [1, len], `input_lengths` and `request_output_len` [1, 1] (UINT32), optional
 sampling scalars [1, 1] (`runtime_top_k`, `runtime_top_p`, `temperature`, `repetition_penalty`,
-`presence_penalty`, `random_seed`, `start_id`, `end_id`, `is_return_log_probs`) and word lists
+`presence_penalty`, `random_seed`, `start_id`, `end_id`, `is_return_log_probs`, and `min_length` where a
+deployment adds it to its config.pbtxt: FT's GPT reads it, unconfirmed through Triton) and word lists
 `stop_words_list` / `bad_words_list` [1, 2, N] (INT32). Only inputs the Triton model declares are sent,
 with the data types it declares.
 
@@ -23,6 +24,9 @@ from tritonclient.utils import triton_to_np_dtype
 from services.common.errors import ServiceError
 from services.common.triton import Triton
 from services.llm.backends import Knob, Sampling, Step
+from services.llm.tensors import encode_words
+
+__all__ = ["FasterTransformer", "encode_words"]
 
 REQUIRED_INPUTS = ("input_ids", "input_lengths", "request_output_len")
 _KNOB_INPUTS: dict[Knob, str] = {
@@ -34,26 +38,21 @@ _KNOB_INPUTS: dict[Knob, str] = {
     "seed": "random_seed",
     "top_k": "runtime_top_k",
     "repetition_penalty": "repetition_penalty",
+    "logit_bias": "bad_words_list",
+    "min_tokens": "min_length",
 }
+# What the service does itself for a token-level backend (special tokens: its detokenizer), and what FT
+# cannot do: it falls back to the end id of its config.ini when none is sent, so `ignore_eos` is refused.
+_SERVICE_KNOBS: dict[Knob, bool] = {"special_tokens": True, "ignore_eos": False, "min_p": False,
+                                    "top_logprobs": False}
 
-
-def encode_words(words: Sequence[Sequence[int]]) -> np.ndarray:
-    """FT's word list for a batch of one: [1, 2, N] INT32, row 0 the words' ids concatenated (padded with
-    0), row 1 the cumulative end offset of each word (padded with -1). No words: [[[0], [-1]]]."""
-    flat = [token for word in words for token in word]
-    ends = np.cumsum([len(word) for word in words if word], dtype=np.int64).tolist()
-    width = max(len(flat), 1)
-    array = np.zeros((1, 2, width), dtype=np.int32)
-    array[0, 1, :] = -1
-    array[0, 0, : len(flat)] = flat
-    array[0, 1, : len(ends)] = ends
-    return array
 
 
 class FasterTransformer:
     """The FT tensor interface on one Triton model."""
 
     name = "fastertransformer"
+    takes_text = False
 
     def __init__(self, triton: Triton, url: str, model: str, constants: dict[str, float] | None = None) -> None:
         self.triton = triton
@@ -77,6 +76,8 @@ class FasterTransformer:
         self.inputs, self.outputs = inputs, outputs
 
     def supports(self, knob: Knob) -> bool:
+        if knob in _SERVICE_KNOBS:
+            return _SERVICE_KNOBS[knob]
         if knob == "logprobs":
             return "is_return_log_probs" in self.inputs and "output_log_probs" in self.outputs
         return _KNOB_INPUTS[knob] in self.inputs
@@ -97,6 +98,8 @@ class FasterTransformer:
             values["frequency_penalty"] = sampling.frequency_penalty
         if sampling.logprobs:
             values["is_return_log_probs"] = True
+        if sampling.min_tokens:
+            values["min_length"] = sampling.min_tokens
         if sampling.end_id is not None:
             values["end_id"] = sampling.end_id
         if sampling.start_id is not None:
@@ -114,7 +117,7 @@ class FasterTransformer:
                 tensors[name] = encode_words(words).astype(self.inputs[name], copy=False)
         return tensors
 
-    async def stream(self, prompt: Sequence[int], sampling: Sampling, timeout: float | None
+    async def stream(self, prompt: Sequence[int], sampling: Sampling, timeout: float | None, text: str = ""
                      ) -> AsyncGenerator[Step, None]:
         outputs = ["output_ids", "sequence_length"]
         if sampling.logprobs:

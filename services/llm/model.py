@@ -1,4 +1,5 @@
-"""One LLM: prompts and chats → token ids, generation on its Triton backend, tokens → text deltas."""
+"""One LLM: prompts and chats → token ids (and text, for backends that tokenize themselves), generation on
+its Triton backend (the adapter `services/llm/detect.py` picks), steps → text deltas."""
 
 from __future__ import annotations
 
@@ -8,17 +9,18 @@ from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import grpc
 from google.protobuf import json_format, struct_pb2
 
-from services.common.errors import invalid_argument
+from services.common.errors import ServiceError, invalid_argument
 from services.common.server import ServedModel
 from services.common.tokenizer import load_tokenizer
 from services.common.triton import Triton
-from services.llm.backends import LlmBackend, Sampling
+from services.llm.backends import Sampling
 from services.llm.chat import load_chat_template
 from services.llm.completion import Completion, coalesce, merge
+from services.llm.detect import ModelBackend
 from services.llm.detokenizer import TokenDecoding
-from services.llm.fastertransformer import FasterTransformer
 from services.llm.params import (
     GenerationPolicy,
     PromptParam,
@@ -29,7 +31,7 @@ from services.llm.params import (
     sampling,
 )
 from tritongate.common.v1 import common_pb2
-from tritongate.config import ConfigError, LlmModel, ModelInfo
+from tritongate.config import LlmModel, ModelInfo
 from tritongate.llm.v1 import llm_pb2
 from tritongate.logs import REQUEST_ID
 from tritongate.registry import LLM
@@ -37,19 +39,14 @@ from tritongate.registry import LLM
 log = logging.getLogger(__name__)
 
 
-def make_backend(entry: LlmModel, triton: Triton) -> LlmBackend:
-    if entry.backend == "fastertransformer":
-        return FasterTransformer(triton, entry.triton_grpc_url, entry.triton_name, entry.triton_inputs)
-    raise ConfigError(f"model `{entry.name}`: backend `{entry.backend}` is not available yet "
-                      "(supported: fastertransformer)")
-
-
 @dataclass(frozen=True)
 class PromptSet:
-    """A request's prompts: each one's token ids, the text `echo` sends back before its completions ("" when
-    not echoing), and the request parameter that holds them (named in errors)."""
+    """A request's prompts: each one's token ids, its text (None for a token-id prompt: decoded only for a
+    backend that takes text), the text `echo` sends back before its completions ("" when not echoing), and
+    the request parameter that holds them (named in errors)."""
 
     ids: list[list[int]]
+    texts: list[str | None]
     echoes: list[str]
     param: PromptParam
 
@@ -66,12 +63,40 @@ class LanguageModel(ServedModel):
         super().__init__(entry, triton)
         self.tokenizer = load_tokenizer(entry.path, entry.name)
         self.template = load_chat_template(self.tokenizer, entry.chat_template, entry.name)
-        self.backend = make_backend(entry, triton)
+        self.backend = ModelBackend(entry, triton)
         self.policy = GenerationPolicy.of(entry, info, self.tokenizer, self.backend)
         self.decoding = TokenDecoding.of(self.tokenizer)
+        self.refusal: str | None = None  # why the Triton model cannot be served, while it cannot
 
     def on_ready(self, triton_config: dict[str, Any]) -> None:
+        """Pick and configure the backend adapter; FAILED_PRECONDITION when none can drive the model."""
         self.backend.configure(triton_config)
+        self.policy.check_backend()
+        log.info("model %s: %s backend", self.name, self.backend.name)
+
+    async def refresh(self) -> bool:
+        """As every model; a Triton model no adapter can drive is not ready, and why is logged at ERROR
+        (once per reason) so that `tritongate up` shows it, and told to requests."""
+        try:
+            ready = await super().refresh()
+        except ServiceError as exc:
+            if exc.code != grpc.StatusCode.FAILED_PRECONDITION:
+                raise
+            if exc.message != self.refusal:
+                log.error("model %s cannot be served: %s", self.name, exc.message)
+            self.refusal = exc.message
+            return False
+        self.refusal = None
+        return ready
+
+    async def ensure_ready(self) -> None:
+        try:
+            await super().ensure_ready()
+        except ServiceError:
+            if self.refusal:
+                raise ServiceError(grpc.StatusCode.FAILED_PRECONDITION,
+                                   f"model `{self.name}` cannot be served: {self.refusal}") from None
+            raise
 
     def card(self) -> common_pb2.ModelCard:
         card = super().card()
@@ -81,22 +106,24 @@ class LanguageModel(ServedModel):
     def tokenize(self, text: str, special: bool) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=special))
 
-    def chat_prompt(self, chat: llm_pb2.Chat, chat_template_kwargs: struct_pb2.Struct) -> list[int]:
-        """The messages (roles already checked by the edge) through the chat template, as token ids."""
+    def chat_prompt(self, chat: llm_pb2.Chat, chat_template_kwargs: struct_pb2.Struct) -> str:
+        """The messages (roles already checked by the edge) through the chat template."""
         if self.template is None:
             raise invalid_argument(f"Model `{self.name}` has no chat template: use /v1/completions, or set "
                                    "`chat_template` in the model configuration.", "model")
         messages = [{"role": m.role, "content": m.content, **({"name": m.name} if m.name else {})}
                     for m in chat.messages]
         variables = json_format.MessageToDict(chat_template_kwargs) if chat_template_kwargs.fields else None
-        return self.tokenize(self.template.render(messages, add_generation_prompt=True, variables=variables),
-                             special=False)
+        return self.template.render(messages, add_generation_prompt=True, variables=variables)
 
     def prompts(self, request: llm_pb2.GenerateRequest) -> PromptSet:
         """The chat through the template, or each prompt (text or token ids) checked against the vocabulary."""
         if request.WhichOneof("input") == "chat":
-            return PromptSet([self.chat_prompt(request.chat, request.chat_template_kwargs)], [""], "messages")
-        prompts, echoes = [], []
+            rendered = self.chat_prompt(request.chat, request.chat_template_kwargs)
+            return PromptSet([self.tokenize(rendered, special=False)], [rendered], [""], "messages")
+        prompts: list[list[int]] = []
+        texts: list[str | None] = []
+        echoes: list[str] = []
         vocab = self.policy.vocab_size
         for i, prompt in enumerate(request.prompts.prompts):
             if prompt.WhichOneof("prompt") == "token_ids":
@@ -106,56 +133,83 @@ class LanguageModel(ServedModel):
                     raise invalid_argument(f"`prompt` contains token id {bad}, outside the vocabulary of "
                                            f"`{self.name}` (0..{vocab - 1}).", "prompt")
                 echo = str(self.tokenizer.decode(ids)) if request.echo else ""
+                text: str | None = None
             else:
                 ids = self.tokenize(prompt.text, special=True)
                 echo = prompt.text if request.echo else ""
+                text = prompt.text
             if not ids:  # e.g. "" with a tokenizer that adds no special tokens
                 raise invalid_argument(f"`prompt` {i} is empty." if len(request.prompts.prompts) > 1
                                        else "`prompt` is empty.", "prompt")
             prompts.append(ids)
+            texts.append(text)
             echoes.append(echo)
-        return PromptSet(prompts, echoes, "prompt")
+        return PromptSet(prompts, texts, echoes, "prompt")
+
+    def prompt_text(self, prompts: PromptSet, index: int) -> str:
+        """Prompt `index` as text, for a backend that takes text ("" for one that takes token ids). A
+        token-id prompt is decoded with its special tokens; the backend tokenizes it again."""
+        if not self.backend.takes_text:
+            return ""
+        text = prompts.texts[index]
+        return text if text is not None else str(self.tokenizer.decode(prompts.ids[index], skip_special_tokens=False))
+
+    def completion_options(self, base: Sampling) -> dict[str, Any]:
+        """What each choice's Completion takes from the model and the request's sampling."""
+        return {"stop_words": self.policy.stop_tokens(base.ignore_eos), "decoding": self.decoding,
+                "min_tokens": base.min_tokens, "include_stop": base.include_stop_str,
+                "skip_special_tokens": base.skip_special_tokens}
 
     async def generate(self, request: llm_pb2.GenerateRequest, timeout: float | None
                        ) -> AsyncIterator[llm_pb2.GenerateResponse]:
         """Accepted, then the deltas of all completions as they come, then the usage."""
         prompts = self.prompts(request)
         n = check_request(request, self.policy, len(prompts.ids))
-        await self.ensure_ready()  # the backend's knobs are known from here on
+        await self.ensure_ready()  # the backend and its knobs are known from here on
         base, stops = sampling(request, self.policy)
         limits = [max_new_tokens(request, self.policy, len(ids), prompts.param) for ids in prompts.ids]
         seeds = choice_seeds(request, n)
         request_id = REQUEST_ID.get()  # bound from the RPC's metadata (services/common/metrics.py)
         completions, streams = [], []
         for p, ids in enumerate(prompts.ids):
+            text = self.prompt_text(prompts, p)
             for j in range(n):
                 index = p * n + j
-                completion = Completion(index, ids, max_new=limits[p], stop_words=self.policy.stop_tokens, stops=stops,
-                                        decoding=self.decoding, echo=prompts.echoes[p])
+                completion = Completion(index, ids, max_new=limits[p], stops=stops, echo=prompts.echoes[p],
+                                        **self.completion_options(base))
                 completions.append(completion)
                 choice = for_choice(base, limits[p], seeds[j], request_id, index)
-                streams.append(self._run(completion, ids, choice, timeout))
+                streams.append(self._run(completion, ids, text, choice, timeout))
         log.debug("%d prompt tokens, %d choices", prompts.tokens, len(completions))
         yield llm_pb2.GenerateResponse(accepted=llm_pb2.Accepted(prompt_tokens=prompts.tokens,
                                                                  choices=len(completions)))
         async for batch in merge(streams):
             for delta in coalesce(batch):
                 yield llm_pb2.GenerateResponse(delta=delta)
-        generated = sum(completion.consumed for completion in completions)
-        yield llm_pb2.GenerateResponse(usage=common_pb2.Usage(
-            prompt_tokens=prompts.tokens, completion_tokens=generated, total_tokens=prompts.tokens + generated))
+        yield llm_pb2.GenerateResponse(usage=usage(prompts, completions, n))
 
-    async def _run(self, completion: Completion, prompt: Sequence[int], sampling: Sampling, timeout: float | None
-                   ) -> AsyncGenerator[llm_pb2.Delta, None]:
+    async def _run(self, completion: Completion, prompt: Sequence[int], text: str, sampling: Sampling,
+                   timeout: float | None) -> AsyncGenerator[llm_pb2.Delta, None]:
         first = completion.start()
         if first is not None:
             yield first
         if sampling.max_new_tokens > 0:
-            async with contextlib.aclosing(self.backend.stream(prompt, sampling, timeout)) as steps:
+            async with contextlib.aclosing(self.backend.stream(prompt, sampling, timeout, text)) as steps:
                 async for step in steps:
-                    delta = completion.feed(step.token_ids, step.logprobs)
+                    delta = completion.add(step)
                     if delta is not None:
                         yield delta
                     if completion.done:
                         break  # closing the stream cancels the Triton request
         yield completion.finish()
+
+
+def usage(prompts: PromptSet, completions: list[Completion], n: int) -> common_pb2.Usage:
+    """Each prompt counted once (as the backend counted it, when it says), every completion's tokens."""
+    prompt_tokens = 0
+    for p, ids in enumerate(prompts.ids):
+        counted = [c.prompt_tokens for c in completions[p * n: (p + 1) * n] if c.prompt_tokens is not None]
+        prompt_tokens += counted[0] if counted else len(ids)
+    generated = sum(completion.consumed for completion in completions)
+    return common_pb2.Usage(prompt_tokens=prompt_tokens, completion_tokens=generated,
+                            total_tokens=prompt_tokens + generated)

@@ -77,6 +77,7 @@ class GenerationPolicy:
     backend: LlmBackend  # asked which knobs it has (known once the Triton model is ready)
     vocab_size: int
     tokenize: Callable[[str], list[int]]  # text → token ids without special tokens (stop strings)
+    detokenize: Callable[[list[int]], str]  # token ids → text, special tokens kept (words for text backends)
     context_length: int  # prompt plus completion, in tokens
     max_n: int
     max_choices: int  # completions per request: prompts times n
@@ -90,17 +91,28 @@ class GenerationPolicy:
             backend=backend,
             vocab_size=len(tokenizer),
             tokenize=lambda text: list(tokenizer.encode(text, add_special_tokens=False)),
+            detokenize=lambda ids: str(tokenizer.decode(ids, skip_special_tokens=False)),
             context_length=context_length(info, tokenizer, entry.path),
             max_n=entry.max_n,
             max_choices=entry.max_choices,
             max_completion_tokens=entry.max_completion_tokens,
         )
 
-    @property
-    def stop_tokens(self) -> list[list[int]]:
-        """Token-id words that end a completion: the end id and `model_infos` `stop_words`."""
-        end = [[self.defaults.end_id]] if self.defaults.end_id is not None else []
+    def stop_tokens(self, ignore_eos: bool = False) -> list[list[int]]:
+        """Token-id words that end a completion: the end id (unless ignored) and `model_infos` `stop_words`."""
+        end = [[self.defaults.end_id]] if self.defaults.end_id is not None and not ignore_eos else []
         return end + self.defaults.stop_words
+
+    def words_as_text(self, words: list[list[int]]) -> list[str]:
+        """`model_infos` token-id words as text, for backends that take text."""
+        return [self.detokenize(word) for word in words] if self.backend.takes_text else []
+
+    def check_backend(self) -> None:
+        """Once the backend is known: `model_infos` asks nothing of it that it cannot do."""
+        if self.defaults.bad_words and not self.backend.supports("bad_words"):
+            raise ServiceError(grpc.StatusCode.FAILED_PRECONDITION,
+                               f"model `{self.model}`: `bad_words` of model_infos need bad word lists, which the "
+                               f"{self.backend.name} backend does not have")
 
     def unsupported(self, param: str, what: str = "") -> ServiceError:
         return invalid_argument(f"`{param}` {what or 'is not supported'} by the {self.backend.name} backend of "
@@ -132,87 +144,111 @@ def _logit_bias(request: llm_pb2.GenerateRequest, policy: GenerationPolicy) -> l
                                    f"`{policy.model}` (0..{vocab - 1}).", "logit_bias")
         if bias == 0:
             continue
-        if bias > -100 or not policy.backend.supports("bad_words"):
+        if bias > -100 or not policy.backend.supports("logit_bias"):
             raise policy.unsupported("logit_bias", "other than -100 (a ban) is not supported")
         bans.append([token])
     return bans
 
 
-def _refuse_knobs_no_adapter_has(request: llm_pb2.GenerateRequest, policy: GenerationPolicy) -> None:
-    """vLLM's extensions that the edge accepts but no backend adapter honours yet: refused when used, never
-    silently dropped."""
-    used = {"min_p": request.HasField("min_p") and request.min_p > 0,
-            "min_tokens": request.HasField("min_tokens") and request.min_tokens > 0,
-            "ignore_eos": request.ignore_eos,
-            "include_stop_str_in_output": request.include_stop_str_in_output,
-            "skip_special_tokens": request.HasField("skip_special_tokens") and not request.skip_special_tokens}
-    for param, value in used.items():
-        if value:
-            raise policy.unsupported(param)
-
-
-def sampling(request: llm_pb2.GenerateRequest, policy: GenerationPolicy) -> tuple[Sampling, list[str]]:
-    """The request's sampling (without max_new_tokens and seed, which are per choice) and stop strings."""
-    defaults, backend = policy.defaults, policy.backend
-    temperature = request.temperature if request.HasField("temperature") else \
-        defaults.temperature if defaults.temperature is not None else 1.0
-    top_p = request.top_p if request.HasField("top_p") else defaults.top_p if defaults.top_p is not None else 1.0
-    top_k = request.top_k if request.HasField("top_k") else defaults.top_k or 0
+def _penalties(request: llm_pb2.GenerateRequest, policy: GenerationPolicy) -> tuple[float, float, float]:
+    """repetition_penalty (or the model's default), presence_penalty and frequency_penalty, where the
+    backend has them."""
+    defaults = policy.defaults
     repetition = request.repetition_penalty if request.HasField("repetition_penalty") else \
         defaults.repetition_penalty if defaults.repetition_penalty is not None else 1.0
     if repetition != 1.0:
         policy.require("repetition_penalty", "repetition_penalty")
-    if top_k and top_k != 1:
-        policy.require("top_k", "top_k")
     presence, frequency = request.presence_penalty, request.frequency_penalty
     if presence:
         policy.require("presence_penalty", "presence_penalty")
     if frequency:
         policy.require("frequency_penalty", "frequency_penalty")
-    if request.logprobs:
-        policy.require("logprobs", "logprobs")
-        if request.top_logprobs:
-            raise policy.unsupported("top_logprobs", "(alternatives per token) is not supported")
-        if request.echo:
-            raise invalid_argument("`echo` with `logprobs` is not supported: the backend returns no log "
-                                   "probabilities for prompt tokens.", "echo")
-    _refuse_knobs_no_adapter_has(request, policy)
+    return repetition, presence, frequency
+
+
+def _logprobs(request: llm_pb2.GenerateRequest, policy: GenerationPolicy) -> int:
+    """Checks `logprobs` and `top_logprobs`; the number of alternatives per position."""
+    if not request.logprobs:
+        return 0
+    policy.require("logprobs", "logprobs")
+    if request.top_logprobs and not policy.backend.supports("top_logprobs"):
+        raise policy.unsupported("top_logprobs", "(alternatives per token) is not supported")
+    if request.echo:
+        raise invalid_argument("`echo` with `logprobs` is not supported: the backend returns no log "
+                               "probabilities for prompt tokens.", "echo")
+    return request.top_logprobs
+
+
+def _extensions(request: llm_pb2.GenerateRequest, policy: GenerationPolicy) -> dict[str, Any]:
+    """vLLM's extensions (min_p, min_tokens, ignore_eos, skip_special_tokens, include_stop_str_in_output),
+    refused where the backend cannot honour them; Sampling fields."""
+    skip_special = not request.HasField("skip_special_tokens") or request.skip_special_tokens
+    checks: tuple[tuple[Knob, bool], ...] = (("min_p", request.min_p > 0), ("min_tokens", request.min_tokens > 0),
+                                             ("ignore_eos", request.ignore_eos), ("special_tokens", not skip_special))
+    for knob, used in checks:
+        if used:
+            policy.require(knob, "skip_special_tokens" if knob == "special_tokens" else knob)
+    return {"min_p": request.min_p, "min_tokens": request.min_tokens, "ignore_eos": request.ignore_eos,
+            "skip_special_tokens": skip_special, "include_stop_str": request.include_stop_str_in_output}
+
+
+def sampling(request: llm_pb2.GenerateRequest, policy: GenerationPolicy) -> tuple[Sampling, list[str]]:
+    """The request's sampling (without max_new_tokens and seed, which are per choice) and the stop strings
+    the service matches (for backends that take text, `model_infos` `stop_words` too, as text)."""
+    defaults, backend = policy.defaults, policy.backend
+    temperature = request.temperature if request.HasField("temperature") else \
+        defaults.temperature if defaults.temperature is not None else 1.0
+    top_p = request.top_p if request.HasField("top_p") else defaults.top_p if defaults.top_p is not None else 1.0
+    top_k = request.top_k if request.HasField("top_k") else defaults.top_k or 0
+    if top_k and top_k != 1:
+        policy.require("top_k", "top_k")
+    repetition, presence, frequency = _penalties(request, policy)
+    alternatives = _logprobs(request, policy)
+    extensions = _extensions(request, policy)
     stops = list(dict.fromkeys(request.stop))
     greedy = temperature == 0 or top_p == 0 or top_k == 1 or (request.HasField("do_sample") and not request.do_sample)
-    stop_words = list(defaults.stop_words)
-    if backend.supports("stop_words"):  # the backend stops on them early; the text match is what counts
+    # With min_tokens the service alone matches stop words: a backend's stop words would end completions early.
+    stop_words = [] if request.min_tokens else list(defaults.stop_words)
+    if backend.supports("stop_words") and not request.min_tokens:  # it stops early; the text match counts
         stop_words += [ids for ids in map(policy.tokenize, stops) if len(ids) == 1]
     bad_words = list(defaults.bad_words) + _logit_bias(request, policy)
     if bad_words and not backend.supports("bad_words"):
         raise policy.unsupported("logit_bias")
+    text_stops = stops + policy.words_as_text(defaults.stop_words)
     return Sampling(max_new_tokens=0, greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p,
                     repetition_penalty=repetition, presence_penalty=presence, frequency_penalty=frequency,
                     end_id=defaults.end_id, start_id=defaults.start_id, stop_words=stop_words,
-                    bad_words=bad_words, logprobs=request.logprobs), stops
+                    bad_words=bad_words, logprobs=request.logprobs, top_logprobs=alternatives,
+                    stop=text_stops if backend.takes_text else [], bad=policy.words_as_text(defaults.bad_words),
+                    **extensions), text_stops
 
 
 def max_new_tokens(request: llm_pb2.GenerateRequest, policy: GenerationPolicy, prompt_tokens: int,
                    param: PromptParam) -> int:
     """`max_tokens` (0 generates nothing), or the rest of the context (at most the model's
-    `max_completion_tokens`); a prompt that leaves no room is refused."""
+    `max_completion_tokens`); a prompt that leaves no room, or `min_tokens` beyond it, is refused."""
     max_len, cap = policy.context_length, policy.max_completion_tokens
     if prompt_tokens >= max_len:
         raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT,
                            f"This model's maximum context length is {max_len} tokens. However, your "
                            f"{param} resulted in {prompt_tokens} tokens. Please reduce the length of the "
                            f"{param}.", param, "context_length_exceeded")
-    if not request.HasField("max_tokens"):
-        return min(max_len - prompt_tokens, cap or max_len)
-    wanted = request.max_tokens
-    if cap is not None and wanted > cap:
-        raise invalid_argument(f"`max_tokens` is {wanted}; this model generates at most {cap} tokens per "
-                               "completion (max_completion_tokens).", "max_tokens")
-    if prompt_tokens + wanted > max_len:
-        raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT,
-                           f"This model's maximum context length is {max_len} tokens. However, you requested "
-                           f"{prompt_tokens + wanted} tokens ({prompt_tokens} in the {param}, {wanted} in "
-                           f"the completion). Please reduce the length of the {param} or completion.",
-                           "max_tokens", "context_length_exceeded")
+    if request.HasField("max_tokens"):
+        wanted = request.max_tokens
+        if cap is not None and wanted > cap:
+            raise invalid_argument(f"`max_tokens` is {wanted}; this model generates at most {cap} tokens per "
+                                   "completion (max_completion_tokens).", "max_tokens")
+        if prompt_tokens + wanted > max_len:
+            raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT,
+                               f"This model's maximum context length is {max_len} tokens. However, you requested "
+                               f"{prompt_tokens + wanted} tokens ({prompt_tokens} in the {param}, {wanted} in "
+                               f"the completion). Please reduce the length of the {param} or completion.",
+                               "max_tokens", "context_length_exceeded")
+    else:
+        wanted = min(max_len - prompt_tokens, cap or max_len)
+    if request.min_tokens > wanted:
+        raise invalid_argument(f"`min_tokens` is {request.min_tokens}, more than the {wanted} tokens this "
+                               "completion may generate.", "min_tokens")
     return wanted
 
 

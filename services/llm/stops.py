@@ -2,7 +2,9 @@
 (the end id, `model_infos` `stop_words`) matched on the generated tokens.
 
 Both matchers hold back what might be the beginning of a stop, so nothing of a stop ever goes out,
-even when it is split across tokens or across responses.
+even when it is split across tokens or across responses. Before `min_tokens` tokens a stop does not end
+the completion (as in vLLM): token words are not matched, and text is fed "unarmed" (passed on, with only
+the possible beginning of a stop held back).
 """
 
 from __future__ import annotations
@@ -12,24 +14,31 @@ from collections.abc import Iterable, Sequence
 
 class StopStrings:
     """Stop strings in streamed text: `feed` returns the text that can go out now. When a stop string
-    completes, `stopped` is set and the text before its start is the last text returned. The stop
-    that completes first in the text wins, however the text was split into pieces."""
+    completes, `stopped` is set and the text before its start (through its end with `include`) is the
+    last text returned; `end` is then where the stop string ends in all the text fed. The stop that
+    completes first in the text wins, however the text was split into pieces."""
 
-    def __init__(self, stops: Iterable[str]) -> None:
+    def __init__(self, stops: Iterable[str], include: bool = False) -> None:
         self.stops = sorted({stop for stop in stops if stop})
         self.longest = max((len(stop) for stop in self.stops), default=0)
+        self.include = include
         self.pending = ""
         self.stopped = False
+        self.fed = 0  # characters fed so far
+        self.end = 0
 
-    def feed(self, text: str) -> str:
+    def feed(self, text: str, armed: bool = True) -> str:
+        self.fed += len(text)
         if not self.stops or self.stopped:
             return "" if self.stopped else text
         buffer = self.pending + text
         hits = [(index + len(stop), index) for stop in self.stops if (index := buffer.find(stop)) >= 0]
-        if hits:
+        if hits and armed:
             self.stopped = True
             self.pending = ""
-            return buffer[: min(hits)[1]]
+            end, start = min(hits)
+            self.end = self.fed - len(buffer) + end
+            return buffer[: end if self.include else start]
         keep = self._partial_length(buffer)
         self.pending = buffer[len(buffer) - keep:]
         return buffer[: len(buffer) - keep]
@@ -50,12 +59,13 @@ class StopStrings:
 
 class StopTokens:
     """Token-id stop words: `feed` returns the tokens that can be decoded now. When the generated tokens
-    end with a stop word, `stopped` is set and the word's tokens are dropped (FasterTransformer leaves
-    them in its output). `consumed` counts every token fed until then."""
+    end with a stop word (at `min_tokens` tokens or later), `stopped` is set and the word's tokens are
+    dropped (FasterTransformer leaves them in its output). `consumed` counts every token fed until then."""
 
-    def __init__(self, words: Iterable[Sequence[int]]) -> None:
+    def __init__(self, words: Iterable[Sequence[int]], min_tokens: int = 0) -> None:
         self.words = sorted({tuple(word) for word in words if word}, key=len)
         self.longest = max((len(word) for word in self.words), default=0)
+        self.min_tokens = min_tokens
         self.pending: list[int] = []
         self.stopped = False
         self.consumed = 0
@@ -67,7 +77,8 @@ class StopTokens:
                 break
             self.consumed += 1
             self.pending.append(token)
-            word = next((w for w in self.words if tuple(self.pending[-len(w):]) == w), None)
+            word = None if self.consumed < self.min_tokens else \
+                next((w for w in self.words if tuple(self.pending[-len(w):]) == w), None)
             if word is not None:
                 self.stopped = True
                 released += self.pending[: len(self.pending) - len(word)]

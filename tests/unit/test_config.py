@@ -46,6 +46,15 @@ def test_defaults_for_extensions() -> None:
     assert entry.pooling == "auto" and entry.normalize and entry.truncate and entry.max_tokens == 512
     llm = parse_model_config({"llm": [{"name": "l", "url": "u", "path": "/m"}]}).llm[0]
     assert llm.max_n == DEFAULT_MAX_N and llm.max_choices == 64 and llm.max_completion_tokens is None
+    assert llm.backend is None  # detected from the Triton model's configuration
+    assert llm.accumulate_tokens is None and llm.lora_name is None
+
+
+@pytest.mark.parametrize("backend", ["fastertransformer", "tensorrt_llm", "tensorrt_llm_text", "vllm", None])
+def test_an_llm_backend_may_be_named(backend: str | None) -> None:
+    entry = {"name": "l", "url": "u", "path": "/m", "backend": backend, "accumulate_tokens": True, "lora_name": "a"}
+    llm = parse_model_config({"llm": [entry]}).llm[0]
+    assert (llm.backend, llm.accumulate_tokens, llm.lora_name) == (backend, True, "a")
 
 
 @pytest.mark.parametrize(("value", "words"), [
@@ -78,6 +87,8 @@ def test_word_lists_in_either_layout_become_lists_of_words(value: Any, words: li
         ({"llm": [{"name": "x", "url": "u", "path": "p", "max_n": MAX_N + 1}]},
          f"$.llm[0].max_n: Input should be less than or equal to {MAX_N}"),
         ({"model_infos": [{"name": "x", "stop_words": [["a"]]}]}, "$.model_infos[0].stop_words[0][0]: Input should"),
+        ({"llm": [{"name": "x", "url": "u", "path": "p", "backend": "tgi"}]},
+         "$.llm[0].backend: Input should be 'fastertransformer', 'tensorrt_llm', 'tensorrt_llm_text' or 'vllm'"),
         ([1, 2], "$: Input should be a valid dictionary"),
     ],
 )

@@ -30,8 +30,9 @@ from tritongate.logs import NO_REQUEST
 class Backend:
     name = "fake"
 
-    def __init__(self, *knobs: Knob) -> None:
+    def __init__(self, *knobs: Knob, takes_text: bool = False) -> None:
         self.knobs = set(knobs)
+        self.takes_text = takes_text
 
     def configure(self, triton_config: dict[str, Any]) -> None:
         pass
@@ -39,14 +40,16 @@ class Backend:
     def supports(self, knob: Knob) -> bool:
         return knob in self.knobs
 
-    async def stream(self, prompt: Sequence[int], sampling: Sampling, timeout: float | None
+    async def stream(self, prompt: Sequence[int], sampling: Sampling, timeout: float | None, text: str = ""
                      ) -> AsyncGenerator[Step, None]:
         yield Step([])
 
 
-FT = Backend("presence_penalty", "logprobs", "bad_words", "stop_words", "seed", "top_k", "repetition_penalty")
+FT = Backend("presence_penalty", "logprobs", "bad_words", "logit_bias", "stop_words", "seed", "top_k",
+             "repetition_penalty", "special_tokens")
 POLICY = GenerationPolicy(model="m", defaults=Defaults(end_id=2), backend=FT, vocab_size=1000,
-                          tokenize=lambda text: [ord(c) for c in text], context_length=100, max_n=16,
+                          tokenize=lambda text: [ord(c) for c in text],
+                          detokenize=lambda ids: "".join(map(chr, ids)), context_length=100, max_n=16,
                           max_choices=64, max_completion_tokens=None)
 
 
@@ -59,9 +62,9 @@ def resolve(backend: Backend = FT, defaults: Defaults = POLICY.defaults, **field
     return sampling(request, policy(backend=backend, defaults=defaults))
 
 
-def refused(param: str, **fields: Any) -> str:
+def refused(param: str, backend: Backend = FT, **fields: Any) -> str:
     with pytest.raises(ServiceError) as info:
-        resolve(**fields)
+        resolve(backend, **fields)
     assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
     assert info.value.param == param, info.value.message
     return info.value.message
@@ -211,12 +214,57 @@ def test_each_choice_names_the_request_and_its_index_in_triton() -> None:
 
 @pytest.mark.parametrize(("param", "fields"), [
     ("min_p", {"min_p": 0.1}), ("min_tokens", {"min_tokens": 2}), ("ignore_eos", {"ignore_eos": True}),
-    ("include_stop_str_in_output", {"include_stop_str_in_output": True}),
-    ("skip_special_tokens", {"skip_special_tokens": False}),
+    ("skip_special_tokens", {"skip_special_tokens": False}), ("top_logprobs", {"logprobs": True, "top_logprobs": 1}),
 ])
-def test_vllm_extensions_no_adapter_honours_are_refused_not_dropped(param: str, fields: dict[str, Any]) -> None:
-    assert "not supported by the fake backend" in refused(param, **fields)
+def test_vllm_extensions_a_backend_lacks_are_refused_not_dropped(param: str, fields: dict[str, Any]) -> None:
+    assert "not supported by the fake backend" in refused(param, Backend("logprobs"), **fields)
 
 
 def test_vllm_extensions_at_their_defaults_pass() -> None:
-    resolve(min_p=0.0, min_tokens=0, ignore_eos=False, include_stop_str_in_output=False, skip_special_tokens=True)
+    resolve(Backend(), min_p=0.0, min_tokens=0, ignore_eos=False, include_stop_str_in_output=False,
+            skip_special_tokens=True)
+
+
+def test_vllm_extensions_reach_the_sampling_where_the_backend_has_them() -> None:
+    every = Backend("min_p", "min_tokens", "ignore_eos", "special_tokens", "logprobs", "top_logprobs", "stop_words")
+    base, _ = resolve(every, min_p=0.05, min_tokens=3, ignore_eos=True, include_stop_str_in_output=True,
+                      skip_special_tokens=False, logprobs=True, top_logprobs=4, stop=["x"])
+    assert (base.min_p, base.min_tokens, base.ignore_eos) == (pytest.approx(0.05), 3, True)
+    assert (base.include_stop_str, base.skip_special_tokens, base.top_logprobs) == (True, False, 4)
+    assert base.stop_words == []  # with min_tokens the service alone matches stops
+    # include_stop_str_in_output is the service's own: every backend has it.
+    assert resolve(Backend(), include_stop_str_in_output=True)[0].include_stop_str
+
+
+def test_min_tokens_cannot_exceed_the_completion() -> None:
+    assert max_new_tokens(llm_pb2.GenerateRequest(max_tokens=5, min_tokens=5), POLICY, 3, "prompt") == 5
+    with pytest.raises(ServiceError) as info:
+        max_new_tokens(llm_pb2.GenerateRequest(max_tokens=5, min_tokens=6), POLICY, 3, "prompt")
+    assert info.value.param == "min_tokens"
+    with pytest.raises(ServiceError) as info:
+        max_new_tokens(llm_pb2.GenerateRequest(min_tokens=98), POLICY, 3, "prompt")  # 97 left in the context
+    assert info.value.param == "min_tokens"
+
+
+def test_text_backends_get_stop_strings_and_model_infos_words_as_text() -> None:
+    text = Backend("stop_words", "bad_words", takes_text=True)
+    defaults = Defaults(end_id=2, stop_words=[[ord("#"), ord("#")]], bad_words=[[ord("!")]])
+    base, stops = resolve(text, defaults=defaults, stop=["END"])
+    assert stops == ["END", "##"] and base.stop == ["END", "##"] and base.bad == ["!"]
+    assert base.stop_words == [[ord("#"), ord("#")]]  # token words stay (a text adapter ignores them)
+    with pytest.raises(ServiceError) as info:
+        resolve(text, logit_bias={5: -100})  # a ban of a token id needs token ids
+    assert info.value.param == "logit_bias"
+    token_level, token_stops = resolve(defaults=defaults, stop=["END"])
+    assert token_stops == ["END"] and token_level.stop == [] and token_level.bad == []
+
+
+def test_the_end_id_is_no_stop_word_when_ignored() -> None:
+    assert POLICY.stop_tokens() == [[2]] and POLICY.stop_tokens(ignore_eos=True) == []
+
+
+def test_model_infos_bad_words_need_a_backend_with_bad_words() -> None:
+    with pytest.raises(ServiceError) as info:
+        policy(backend=Backend(), defaults=Defaults(end_id=2, bad_words=[[5]])).check_backend()
+    assert info.value.code == grpc.StatusCode.FAILED_PRECONDITION and "bad_words" in info.value.message
+    policy(defaults=Defaults(end_id=2, bad_words=[[5]])).check_backend()

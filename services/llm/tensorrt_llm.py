@@ -1,0 +1,151 @@
+"""The TensorRT-LLM adapter: the `tensorrt_llm` model of Triton's tensorrtllm_backend (C++ `tensorrtllm`
+backend, or its Python twin), token ids in and out, always streaming (decoupled mode).
+
+Inputs: `input_ids` [1, len], `input_lengths` and `request_output_len` [1, 1] (INT32), `streaming` true,
+`exclude_input_in_output` true where declared; sampling scalars [1, 1] (`runtime_top_k`, `runtime_top_p`,
+`temperature`, `repetition_penalty`, `presence_penalty`, `frequency_penalty`, `min_tokens` or before
+2025-05 `min_length`, `seed` or before 2025-05 `random_seed`, `return_log_probs`), `end_id`, and word
+lists `stop_words_list` / `bad_words_list` [1, 2, N] (omitted when empty: TensorRT-LLM rejects FT's
+"empty list"). Each name is sent only where the model declares it, in the declared type.
+
+`end_id` is always sent unless the request ignores the end id: TensorRT-LLM's default is -1, "no end id",
+so a model called without it never stops at EOS. `runtime_top_p` must be in (0, 1]: greedy decoding is
+`runtime_top_k` 1 and no `runtime_top_p`.
+
+Outputs: with `streaming` each response carries only the new tokens, prompt never included:
+`output_ids` [1, beams, n] (shorter beams padded with -1) with `sequence_length` [1, beams] = n, and
+`output_log_probs` for them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from services.common.triton import Triton
+from services.llm.backends import Knob, Sampling, Step
+from services.llm.tensors import ModelInterface, encode_words, refuse
+
+REQUIRED_INPUTS = ("input_ids", "input_lengths", "request_output_len", "streaming")
+REQUIRED_OUTPUTS = ("output_ids", "sequence_length")
+SEED = ("seed", "random_seed")  # the input's name since 2025-05, and before
+MIN_TOKENS = ("min_tokens", "min_length")
+_KNOB_INPUTS: dict[Knob, tuple[str, ...]] = {
+    "presence_penalty": ("presence_penalty",),
+    "frequency_penalty": ("frequency_penalty",),
+    "bad_words": ("bad_words_list",),
+    "logit_bias": ("bad_words_list",),
+    "stop_words": ("stop_words_list",),
+    "seed": SEED,
+    "top_k": ("runtime_top_k",),
+    "repetition_penalty": ("repetition_penalty",),
+    "min_tokens": MIN_TOKENS,
+}
+# Done by the service (special tokens: its detokenizer) or by leaving `end_id` out (ignore_eos); TensorRT-LLM's
+# Triton interface has neither min_p nor alternatives per token.
+_OTHER_KNOBS: dict[Knob, bool] = {"special_tokens": True, "ignore_eos": True, "min_p": False, "top_logprobs": False}
+
+
+class TensorRTLLM:
+    """The `tensorrt_llm` tensor interface on one Triton model."""
+
+    name = "tensorrt_llm"
+    takes_text = False
+
+    def __init__(self, triton: Triton, url: str, model: str, constants: Mapping[str, float] | None = None) -> None:
+        self.triton = triton
+        self.url = url
+        self.model = model
+        self.constants = dict(constants or {})
+        self.interface = ModelInterface({})
+
+    def configure(self, triton_config: dict[str, Any]) -> None:
+        interface = ModelInterface(triton_config)
+        missing = interface.missing(REQUIRED_INPUTS, REQUIRED_OUTPUTS)
+        if missing:
+            raise refuse(self.model, f"lacks the TensorRT-LLM tensors {', '.join(missing)} (check `backend` "
+                         "in the model config)")
+        if not interface.decoupled:
+            raise refuse(self.model, "must be decoupled to stream (model_transaction_policy { decoupled: true })")
+        interface.check_constants(self.model, self.constants)
+        self.interface = interface
+
+    def supports(self, knob: Knob) -> bool:
+        if knob in _OTHER_KNOBS:
+            return _OTHER_KNOBS[knob]
+        if knob == "logprobs":
+            return self.interface.has("return_log_probs") and "output_log_probs" in self.interface.outputs
+        return self.interface.first(*_KNOB_INPUTS[knob]) is not None
+
+    def tensors(self, prompt: Sequence[int], sampling: Sampling) -> dict[str, np.ndarray]:
+        """The request's input tensors (only those the model declares)."""
+        model = self.interface
+        values: dict[str, Any] = {
+            **self.constants,
+            "input_lengths": len(prompt),
+            "request_output_len": sampling.max_new_tokens,
+            "streaming": True,
+            "exclude_input_in_output": True,
+            **sampling_values(model, sampling, "runtime_top_k", "runtime_top_p"),
+            "return_log_probs": True if sampling.logprobs else None,
+            "end_id": None if sampling.ignore_eos else sampling.end_id,
+        }
+        tensors = {"input_ids": model.tensor("input_ids", list(prompt)), **model.scalars(values)}
+        for name, words in (("stop_words_list", sampling.stop_words), ("bad_words_list", sampling.bad_words)):
+            if any(words) and model.has(name):
+                array = encode_words(words).astype(model.dtype(name), copy=False)
+                tensors[name] = array if model.batched else array[0]
+        return tensors
+
+    async def stream(self, prompt: Sequence[int], sampling: Sampling, timeout: float | None, text: str = ""
+                     ) -> AsyncGenerator[Step, None]:
+        outputs = list(REQUIRED_OUTPUTS)
+        if sampling.logprobs:
+            outputs.append("output_log_probs")
+        done = 0  # tokens received so far
+        async for result in self.triton.stream(self.url, self.model, self.tensors(prompt, sampling), outputs,
+                                               timeout, sampling.request_id):
+            if "output_ids" not in result or "sequence_length" not in result:
+                continue  # an empty final response (a stop request, a cancellation)
+            length = int(result["sequence_length"].reshape(-1)[0])  # [1, beams]: beam 0
+            if length <= 0:
+                continue
+            ids = result["output_ids"].reshape(-1, result["output_ids"].shape[-1])[0][:length]
+            step = Step([int(token) for token in ids])
+            if "output_log_probs" in result:
+                step.logprobs = _new_logprobs(result["output_log_probs"], done, length)
+            done += length
+            yield step
+
+
+def sampling_values(model: ModelInterface, sampling: Sampling, top_k: str, top_p: str) -> dict[str, Any]:
+    """TensorRT-LLM's sampling scalars, by the names the model uses (the `tensorrt_llm` model's or the
+    ensemble's, either version's); None leaves TensorRT-LLM's default. Greedy is top-k 1: TensorRT-LLM
+    wants top-p in (0, 1]."""
+    values: dict[str, Any] = {
+        top_k: 1 if sampling.greedy else sampling.top_k or None,
+        top_p: None if sampling.greedy else sampling.top_p,
+        "temperature": None if sampling.greedy else sampling.temperature,
+        "repetition_penalty": sampling.repetition_penalty if sampling.repetition_penalty != 1.0 else None,
+        "presence_penalty": sampling.presence_penalty or None,
+        "frequency_penalty": sampling.frequency_penalty or None,
+    }
+    seed, min_tokens = model.first(*SEED), model.first(*MIN_TOKENS)
+    if seed:
+        values[seed] = sampling.seed
+    if min_tokens and sampling.min_tokens:
+        values[min_tokens] = sampling.min_tokens
+    return values
+
+
+def _new_logprobs(array: np.ndarray, done: int, length: int) -> list[float] | None:
+    """The new tokens' log probabilities: the whole row when it holds only theirs, else their positions
+    in a row that counts from the first generated token."""
+    row = array.reshape(-1, array.shape[-1])[0] if array.size else array.reshape(-1)
+    if row.size == length:
+        return [float(value) for value in row]
+    if row.size >= done + length:
+        return [float(value) for value in row[done: done + length]]
+    return None

@@ -1,0 +1,221 @@
+"""The echo (echo_core) on TensorRT-LLM's two Triton interfaces, decoupled.
+
+`TrtllmEchoModel` (trtllm-echo, trtllm-echo-v0) is the C++ `tensorrt_llm` model
+(triton_backend/inflight_batcher_llm/src: utils.cc createRequestsFromInputTensors,
+model_instance_state.cc fillTritonResponse; the executor's LlmRequest::createResult):
+
+- Input names come from the model's own config: `seed`/`random_seed` and `min_tokens`/`min_length`,
+  whichever it declares; `exclude_input_in_output`, `return_num_input_tokens` and
+  `return_num_output_tokens` only when declared (else the model parameter `exclude_input_in_output`).
+- The prompt is the whole of `input_ids` [1, L]; `input_lengths` is required but, as in the C++ backend
+  for a batch of one, not read. Sampling inputs are accepted and ignored; `beam_width` must be 1.
+- `end_id` defaults to -1: without it generation does not stop at an end token. The end token is not
+  in the output (the executor drops it), `min_tokens` keeps end tokens out until that many tokens (it
+  does not delay stop words: TRT-LLM's min-length penalty touches only the end id's logit), stop words
+  stay in the output (the executor keeps them; TRT-LLM's LLM API trims them itself).
+- Streaming (`streaming`): each response holds only the new tokens, `output_ids` [1, 1, k] and
+  `sequence_length` [1, 1] = k; the FINAL flag rides on the last data response, which may hold no token
+  (k = 0) when it ends at the end id. Not streaming: one response, prompt + completion unless
+  `exclude_input_in_output`.
+- `return_log_probs`: `output_log_probs` [1, 1, G] holds ALL G tokens generated so far (also when
+  streaming: the executor's list only grows) and `cum_log_probs` [1, 1] their sum.
+- `num_input_tokens` [1, 1] is the prompt length; `num_output_tokens` [1, 1] counts the ids of this
+  response's `output_ids`, so the prompt too when it is there (fillTritonResponse counts outputIds).
+- Errors are INTERNAL error responses with the C++ check's text: malformed word lists (the strict
+  `convertWordList` checks), `request_output_len` < 1, an empty prompt, `end_id` outside [-1, vocab),
+  a request whose outputs leave out `output_ids` or `sequence_length`. A cancelled request ends with an
+  empty FINAL response (the client has gone; what the C++ backend sends then is not observable).
+
+`TrtllmTextEchoModel` (trtllm-text-echo, trtllm-bls-echo-accumulate) is the `ensemble` /
+`tensorrt_llm_bls` text interface: preprocessing, the model above, postprocessing, in one model.
+
+- `text_input` is tokenized with the demo LLM's tokenizer (echo_core.Tokenizer); `end_id` and `pad_id`
+  default to the tokenizer's (as preprocessing fills them), so the echo stops at `<|im_end|>`;
+  `stop_words`/`bad_words` are one word per element, tokenized without special tokens.
+- `text_output` [1, 1] is the decode (special tokens skipped) of what the model above would return:
+  streaming, each response's new tokens on their own (a delta; a character whose bytes span two
+  responses comes out as U+FFFD pieces, as postprocessing decodes them) or, with the BLS parameter
+  `accumulate_tokens` true, all tokens so far (cumulative text); not streaming, prompt + completion
+  unless `exclude_input_in_output`. The stop word's text stays. Log probs and token counts as above.
+- FINAL comes as a separate flags-only response after the last data (or error) response, as the BLS
+  model sends it (tensorrtllm_backend issue #552); tritonclient's aio `stream_infer` never shows it.
+- `max_tokens` < 1 fails as the BLS validation does ("max_tokens must be a single value > 0").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+from echo_core import (
+    DEMO_TOKENIZER,
+    Echo,
+    EchoModel,
+    Job,
+    RequestError,
+    Tokenizer,
+    log_prob,
+    scalar,
+    string_tensor,
+    strings,
+    tensor,
+)
+
+TRUE = ("true", "yes", "1", "t")
+
+
+def assertion(message: str) -> RequestError:
+    """A failed TLLM_CHECK, worded as the C++ backend reports it."""
+    return RequestError(f"[TensorRT-LLM][ERROR] Assertion failed: {message}")
+
+
+def sparse_word_list(request: Any, name: str) -> list[list[int]]:
+    """A [1, 2, N] word list, checked like the C++ backend's convertWordList: the ids row, then the
+    offsets row, each offset <= N and above the previous one, and only -1s after the first -1."""
+    arr = tensor(request, name)
+    if arr is None:
+        return []
+    flat = [int(v) for v in arr.reshape(-1)]
+    listed = "".join(f"{v} " for v in flat)
+
+    def check(ok: bool, what: str) -> None:
+        if not ok:
+            raise assertion(f"Sparse list must not have {what}: {listed}")
+
+    check(len(flat) % 2 == 0, "odd length")
+    count = len(flat) // 2
+    words, current = [], 0
+    for i in range(count, len(flat)):
+        if flat[i] == -1:
+            check(all(v == -1 for v in flat[i + 1:]), "additional -1s")
+            break
+        check(flat[i] <= count, "out-of-bound offsets")
+        if i != count:
+            check(flat[i] > flat[i - 1], "non-increasing offsets")
+        end = max(current, flat[i])
+        words.append(flat[current:end])
+        current = end
+    return [w for w in words if w]
+
+
+@dataclass
+class TrtllmJob(Job):
+    exclude_input: bool = False
+    log_probs: bool = False
+    num_input: bool = False
+    num_output: bool = False
+    sent: int = 0  # output tokens already streamed
+
+    @property
+    def echo(self) -> Echo:
+        return self.sequences[0]
+
+    def visible(self) -> list[int]:
+        """The generated tokens TRT-LLM returns: an end token is not among them."""
+        tokens = self.echo.tokens
+        return tokens[:-1] if self.echo.finish == "end_id" else tokens
+
+    def response_ids(self) -> list[int]:
+        """What this response's `output_ids` hold; streaming, only what is new since the last one."""
+        visible = self.visible()
+        if self.streaming:
+            new, self.sent = visible[self.sent:], len(visible)
+            return new
+        return ([] if self.exclude_input else self.echo.prompt) + visible
+
+    def extra_outputs(self, ids: list[int]) -> list[Any]:
+        outputs = []
+        if self.log_probs:
+            values = np.array([[[log_prob(i) for i in range(len(self.visible()))]]], dtype=np.float32)
+            outputs += [pb_utils.Tensor("output_log_probs", values),
+                        pb_utils.Tensor("cum_log_probs", values.sum(axis=2))]
+        if self.num_input:
+            outputs.append(pb_utils.Tensor("num_input_tokens", np.array([[len(self.echo.prompt)]], dtype=np.int32)))
+        if self.num_output:
+            outputs.append(pb_utils.Tensor("num_output_tokens", np.array([[len(ids)]], dtype=np.int32)))
+        return outputs
+
+
+class TrtllmEchoModel(EchoModel):
+    def setup(self) -> None:
+        self.vocab_size = int(self.param("vocab_size", "49152"))
+        self.exclude_default = self.param("exclude_input_in_output", "false").lower() in TRUE
+
+    def declared(self, *names: str) -> str:
+        """The first of `names` this model's config declares (names changed between TRT-LLM versions)."""
+        return next((n for n in names if n in self.inputs), names[-1])
+
+    def flag(self, request: Any, name: str, default: bool = False) -> bool:
+        return bool(scalar(request, name, default, bool)) if name in self.inputs else default
+
+    def common(self, request: Any, prompt: list[int], max_new: int, end_id: int, stop_words: list[list[int]],
+               bad_words: list[list[int]], streaming: bool) -> TrtllmJob:
+        """The job as the executor sees it, after the interface-specific inputs are read."""
+        if not prompt:
+            raise assertion("!mInputTokenIds.empty()")
+        if max_new <= 0:
+            raise assertion("mMaxNewTokens > 0")
+        if not -1 <= end_id < self.vocab_size:
+            raise assertion(f"EndId ({end_id}) is not within acceptable range [-1, {self.vocab_size}).")
+        beam_width = scalar(request, "beam_width", 1, int)
+        if beam_width != 1:  # wording ours: the echo has no beams
+            raise assertion(f"beam width ({beam_width}) must be 1 on this model (max_beam_width 1)")
+        echo = Echo(prompt=prompt, max_new=max_new, end_ids=frozenset([end_id]) if end_id >= 0 else frozenset(),
+                    min_tokens=scalar(request, self.declared("min_tokens", "min_length"), 0, int),
+                    stop_words=stop_words, bad_words=bad_words)
+        return TrtllmJob(request.request_id(), [echo], streaming=streaming,
+                         exclude_input=self.flag(request, "exclude_input_in_output", self.exclude_default),
+                         log_probs=self.flag(request, "return_log_probs"),
+                         num_input=self.flag(request, "return_num_input_tokens"),
+                         num_output=self.flag(request, "return_num_output_tokens"), **self.knobs(request))
+
+    def parse(self, request: Any) -> Job:
+        requested = set(request.requested_output_names())
+        for name in ("output_ids", "sequence_length"):
+            if name not in requested:
+                raise RequestError(f"Error encountered while populating response: [TensorRT-LLM][ERROR] "
+                                   f"{name} tensor must be present in list of output tensors")
+        ids = tensor(request, "input_ids")
+        if ids is None:
+            raise RequestError("input_ids or encoder_input_features is not present in the request.")
+        return self.common(request, [int(t) for t in ids.reshape(-1)], scalar(request, "request_output_len", 0, int),
+                           scalar(request, "end_id", -1, int), sparse_word_list(request, "stop_words_list"),
+                           sparse_word_list(request, "bad_words_list"), self.flag(request, "streaming"))
+
+    def respond(self, job: TrtllmJob, done: bool) -> Any:
+        ids = job.response_ids()
+        outputs = [pb_utils.Tensor("output_ids", np.array([[ids]], dtype=np.int32).reshape(1, 1, len(ids))),
+                   pb_utils.Tensor("sequence_length", np.array([[len(ids)]], dtype=np.int32))]
+        return pb_utils.InferenceResponse(output_tensors=outputs + job.extra_outputs(ids))
+
+
+class TrtllmTextEchoModel(TrtllmEchoModel):
+    final_apart = True
+
+    def setup(self) -> None:
+        super().setup()
+        self.tokenizer = Tokenizer(self.param("tokenizer_dir", DEMO_TOKENIZER))
+        self.vocab_size = self.tokenizer.vocab_size
+        # As the BLS model: accumulation needs the model decoupled, which every echo model is.
+        self.accumulate = self.param("accumulate_tokens", "false").lower() in TRUE
+
+    def words(self, request: Any, name: str) -> list[list[int]]:
+        return [ids for ids in map(self.tokenizer.encode, strings(request, name) or []) if ids]
+
+    def parse(self, request: Any) -> Job:
+        max_tokens = scalar(request, "max_tokens", 0, int)
+        if max_tokens <= 0:
+            raise RequestError("Traceback (most recent call last):\n  (tensorrt_llm_bls validation)\n"
+                               "lib.decode.RequestValidationError: max_tokens must be a single value > 0")
+        text = (strings(request, "text_input") or [""])[0]
+        return self.common(request, self.tokenizer.encode(text), max_tokens,
+                           scalar(request, "end_id", self.tokenizer.eos_id, int), self.words(request, "stop_words"),
+                           self.words(request, "bad_words"), self.flag(request, "stream"))
+
+    def respond(self, job: TrtllmJob, done: bool) -> Any:
+        ids = job.response_ids()
+        shown = job.visible() if self.accumulate and job.streaming else ids
+        outputs = [string_tensor("text_output", [self.tokenizer.decode(shown)], (1, 1))]
+        return pb_utils.InferenceResponse(output_tensors=outputs + job.extra_outputs(ids))

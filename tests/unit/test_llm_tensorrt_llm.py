@@ -1,0 +1,129 @@
+"""The TensorRT-LLM (`tensorrt_llm` model) adapter: the tensors it sends (names, types, shapes, the names of
+older configs, word lists in TensorRT-LLM's strict layout), refusals, and new-token responses → steps."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+
+from services.common.errors import ServiceError
+from services.llm.backends import Sampling
+from services.llm.tensorrt_llm import TensorRTLLM
+from tests.unit.llm_fakes import FakeTriton, triton_config
+
+# tensorrtllm_backend's all_models/inflight_batcher_llm/tensorrt_llm (2025-05 names), the inputs the adapter uses.
+INPUTS = {"input_ids": "INT32", "input_lengths": "INT32", "request_output_len": "INT32", "end_id": "INT32",
+          "pad_id": "INT32", "stop_words_list": "INT32", "bad_words_list": "INT32", "runtime_top_k": "INT32",
+          "runtime_top_p": "FP32", "temperature": "FP32", "len_penalty": "FP32", "repetition_penalty": "FP32",
+          "min_tokens": "INT32", "presence_penalty": "FP32", "frequency_penalty": "FP32", "seed": "UINT64",
+          "return_log_probs": "BOOL", "exclude_input_in_output": "BOOL", "streaming": "BOOL"}
+OUTPUTS = {"output_ids": "INT32", "sequence_length": "INT32", "cum_log_probs": "FP32", "output_log_probs": "FP32"}
+OLD = {**{k: v for k, v in INPUTS.items() if k not in ("seed", "min_tokens", "exclude_input_in_output")},
+       "random_seed": "UINT64", "min_length": "INT32"}  # before 2025-05 (and before 2024-09 for exclude_...)
+
+
+def adapter(inputs: dict[str, str] = INPUTS, triton: Any = None, **config: Any) -> TensorRTLLM:
+    trt = TensorRTLLM(triton or FakeTriton(), "u", "m", {"len_penalty": 1.0})  # type: ignore[arg-type]
+    trt.configure(triton_config(inputs, OUTPUTS, **config))
+    return trt
+
+
+def sampling(**fields: Any) -> Sampling:
+    return Sampling(**{"max_new_tokens": 7, "greedy": False, "temperature": 0.7, "top_k": 40, "top_p": 0.9,
+                       "seed": 2**64 - 1, "end_id": 2, **fields})
+
+
+def test_tensors_names_types_and_shapes() -> None:
+    tensors = adapter().tensors([10, 11, 12], sampling(stop_words=[[13], [14, 15]], bad_words=[[99]],
+                                                       presence_penalty=0.5, min_tokens=3, logprobs=True))
+    assert tensors["input_ids"].dtype == np.int32 and tensors["input_ids"].tolist() == [[10, 11, 12]]
+    assert tensors["input_lengths"].tolist() == [[3]] and tensors["request_output_len"].tolist() == [[7]]
+    assert tensors["streaming"].dtype == np.bool_ and tensors["streaming"].tolist() == [[True]]
+    assert tensors["exclude_input_in_output"].tolist() == [[True]]
+    assert tensors["end_id"].tolist() == [[2]] and tensors["end_id"].dtype == np.int32
+    assert tensors["runtime_top_k"].tolist() == [[40]] and tensors["temperature"].dtype == np.float32
+    assert tensors["seed"].dtype == np.uint64 and int(tensors["seed"][0, 0]) == 2**64 - 1
+    assert tensors["min_tokens"].tolist() == [[3]] and tensors["return_log_probs"].tolist() == [[True]]
+    assert tensors["presence_penalty"].tolist() == [[0.5]] and tensors["len_penalty"].tolist() == [[1.0]]
+    assert tensors["stop_words_list"].dtype == np.int32
+    assert tensors["stop_words_list"].tolist() == [[[13, 14, 15], [1, 3, -1]]]
+    assert tensors["bad_words_list"].tolist() == [[[99], [1]]]
+    # Defaults stay TensorRT-LLM's own: nothing sent for them.
+    assert not {"repetition_penalty", "frequency_penalty", "pad_id", "random_seed"} & tensors.keys()
+
+
+def test_older_configs_get_their_input_names() -> None:
+    tensors = adapter(OLD).tensors([1], sampling(min_tokens=2))
+    assert int(tensors["random_seed"][0, 0]) == 2**64 - 1 and tensors["min_length"].tolist() == [[2]]
+    assert not {"seed", "min_tokens", "exclude_input_in_output"} & tensors.keys()
+    assert adapter(OLD).supports("seed") and adapter(OLD).supports("min_tokens")
+
+
+def test_greedy_has_no_top_p_and_ignore_eos_no_end_id() -> None:
+    tensors = adapter().tensors([1], sampling(greedy=True, top_p=0.0, ignore_eos=True))
+    assert tensors["runtime_top_k"].tolist() == [[1]]
+    assert not {"runtime_top_p", "temperature", "end_id"} & tensors.keys()  # top_p must be in (0, 1]
+
+
+def test_empty_word_lists_are_left_out() -> None:
+    tensors = adapter().tensors([1], sampling(stop_words=[], bad_words=[[]]))
+    assert "stop_words_list" not in tensors and "bad_words_list" not in tensors
+
+
+def test_knobs_follow_the_declared_inputs() -> None:
+    bare = adapter({k: INPUTS[k] for k in ("input_ids", "input_lengths", "request_output_len", "streaming",
+                                           "len_penalty")})
+    assert not any(bare.supports(knob) for knob in ("presence_penalty", "seed", "min_tokens", "logprobs",
+                                                    "bad_words", "logit_bias", "min_p", "top_logprobs"))
+    assert bare.supports("ignore_eos") and bare.supports("special_tokens")  # done without inputs
+    full = adapter()
+    assert all(full.supports(knob) for knob in ("presence_penalty", "frequency_penalty", "logprobs", "logit_bias",
+                                                "seed", "top_k", "min_tokens", "repetition_penalty"))
+
+
+@pytest.mark.parametrize(("inputs", "config", "says"), [
+    ({"input_ids": "INT32"}, {}, "lacks the TensorRT-LLM tensors input_lengths, request_output_len, streaming"),
+    (INPUTS, {"decoupled": False}, "must be decoupled"),
+])
+def test_a_model_that_cannot_stream_tokens_is_refused(inputs: dict[str, str], config: dict[str, Any],
+                                                      says: str) -> None:
+    with pytest.raises(ServiceError) as info:
+        adapter(inputs, **config)
+    assert info.value.code == grpc.StatusCode.FAILED_PRECONDITION and says in info.value.message
+
+
+def test_constants_must_be_declared() -> None:
+    trt = TensorRTLLM(FakeTriton(), "u", "m", {"delay_ms": 1})  # type: ignore[arg-type]
+    with pytest.raises(ServiceError, match="no input delay_ms"):
+        trt.configure(triton_config(INPUTS, OUTPUTS))
+
+
+def response(tokens: list[int], log_probs: list[float] | None = None, width: int | None = None
+             ) -> dict[str, np.ndarray]:
+    ids = np.full((1, 1, width or max(len(tokens), 1)), -1, dtype=np.int32)
+    ids[0, 0, : len(tokens)] = tokens
+    out = {"output_ids": ids, "sequence_length": np.array([[len(tokens)]], dtype=np.int32)}
+    if log_probs is not None:
+        out["output_log_probs"] = np.array([[log_probs]], dtype=np.float32)
+    return out
+
+
+async def test_each_response_holds_only_new_tokens() -> None:
+    triton = FakeTriton(responses=[
+        response([20], [-1.0]),
+        response([21, 22], [-2.0, -3.0], width=4),  # two tokens (speculative decoding), padded with -1
+        {},  # an empty final response
+        response([], []),
+        response([23], [-1.0, -2.0, -3.0, -4.0]),  # a backend that reports every log probability so far
+    ])
+    trt = adapter(triton=triton)
+    steps = [step async for step in trt.stream([7, 8, 9], sampling(logprobs=True, request_id="cmpl-1-0"), None)]
+    assert [s.token_ids for s in steps] == [[20], [21, 22], [23]]
+    assert [s.logprobs for s in steps] == [[-1.0], [-2.0, -3.0], [-4.0]]
+    assert all(s.text is None for s in steps)
+    request = triton.requests[0]
+    assert request.outputs == ["output_ids", "sequence_length", "output_log_probs"]
+    assert request.request_id == "cmpl-1-0" and triton.closed == 1

@@ -1,0 +1,427 @@
+"""The generation core every demo LLM model shares: SmolLM2-135M-Instruct in transformers on the CPU.
+
+The four demo LLM Triton models (`deploy/triton/smollm2-135m-instruct`, FasterTransformer's tensor
+interface, and the TensorRT-LLM, TensorRT-LLM ensemble and vLLM ones in `deploy/triton-llm-backends/`)
+differ only in their interface; each `model.py` parses its request into a `Sampling` and prompt token
+ids, submits `Sequence`s to its `Engine` and writes the responses from an `Owner`'s callbacks.
+
+The engine owns the weights, the batching, the sampling, the stopping rules shared by the backends
+(end ids, stop words as token sequences, length) and the cancellation checks. Each Triton model instance
+is its own Python-backend stub process, so each instance loads the weights once (about 270 MB in
+bfloat16); nothing is shared between models or instances.
+
+Scheduling: one worker thread owns the model. A new sequence's prompt is prefilled on its own, in chunks
+of `prefill_chunk` tokens interleaved with decoding steps, then the sequence joins the running batch:
+every decoding step runs all active sequences as one batch (left-padded KV cache), which on this
+memory-bound CPU model costs little more than a single sequence. At most `max_active` sequences run
+together; more wait in a queue. With bfloat16 a near-tie greedy choice can differ between a sequence run
+alone and the same sequence batched with others (float32: same).
+
+This module runs inside Triton's Python backend, also in the official Triton image (Python 3.10, where
+deploy/triton/Dockerfile copies this package): torch and transformers are imported when an Engine is
+made, and triton_python_backend_utils is never imported here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+# The weights: the folder `tritongate models fetch` writes under $TRITONGATE_MODELS_DIR.
+MODEL_FOLDER = "smollm2-135m-instruct"
+
+Log = Callable[[str], None]
+
+
+class RequestError(Exception):
+    """A bad request: the model reports it to the client as an error response."""
+
+
+@dataclass
+class Sampling:
+    """How one sequence is generated; each model.py maps its backend's inputs onto it."""
+
+    max_new_tokens: int
+    greedy: bool = True
+    temperature: float = 1.0
+    top_k: int = 0  # 0: off
+    top_p: float = 1.0  # 1: off
+    min_p: float = 0.0  # 0: off
+    seed: int | None = 0  # None: a random seed
+    repetition_penalty: float = 1.0  # over the prompt and the generated tokens
+    presence_penalty: float = 0.0  # over the generated tokens
+    frequency_penalty: float = 0.0  # over the generated tokens
+    min_tokens: int = 0  # end ids are banned (and stop words not checked) before this many tokens
+    end_ids: tuple[int, ...] = ()  # a generated end id ends the sequence ("stop"); () never stops early
+    stop_words: list[list[int]] = field(default_factory=list)  # token sequences that end it ("stop")
+    bad_words: list[list[int]] = field(default_factory=list)  # token sequences never completed
+    bias: Any = None  # added to the logits: a float32 numpy array of the vocabulary's size
+    allowed_ids: list[int] | None = None  # only these tokens may be generated
+    logprobs: bool = False  # record each token's log-probability and rank (1 = the most likely)
+    top_logprobs: int = 0  # and this many most likely alternatives (needs logprobs)
+
+
+class Owner:
+    """A model.py's side of one request: whether it is still wanted, and its responses.
+
+    The engine calls these on its worker thread. A request with several sequences (n, a batch) has one
+    owner for all of them.
+    """
+
+    request_id = ""  # for the log
+
+    def aborted(self) -> str | None:
+        """Why the request's sequences must end now ("cancelled", "stopped"), or None."""
+        return None
+
+    def on_token(self, seq: Sequence, reason: str | None) -> str | None:
+        """`seq.tokens[-1]` was just generated; `reason` is "stop" (end id or stop word), "length" or None.
+        Send what the interface sends for it and return the reason the sequence ends with (the owner may
+        end it itself, e.g. on a stop string), or None to go on."""
+        raise NotImplementedError
+
+    def on_abort(self, seq: Sequence, why: str) -> None:
+        """`seq` ends early: "cancelled", "stopped" (see `aborted`) or "unloading"."""
+
+    def on_error(self, seq: Sequence, message: str) -> None:
+        """Generating `seq` failed."""
+
+
+class Sequence:
+    """One generation: its prompt, how to sample, its owner and what it has produced so far."""
+
+    def __init__(self, prompt: list[int], sampling: Sampling, owner: Owner, index: int = 0) -> None:
+        self.prompt = prompt
+        self.sampling = sampling
+        self.owner = owner
+        self.index = index  # its place among its owner's sequences
+        self.tokens = list(prompt)  # the prompt, then every generated token
+        self.logprobs: list[float] = []  # per generated token, when sampling.logprobs
+        self.ranks: list[int] = []  # the chosen token's rank (1 = most likely), when sampling.logprobs
+        self.top: list[list[tuple[int, float]]] = []  # alternatives per token, when sampling.top_logprobs
+        self.generator: Any = None  # a torch.Generator, made on the worker thread
+        self.cache: Any = None  # its own KV cache while its prompt is prefilled
+        self.counts: Counter[int] = Counter()  # generated tokens, for the presence/frequency penalties
+
+    @property
+    def generated(self) -> int:
+        return len(self.tokens) - len(self.prompt)
+
+    def new_tokens(self) -> list[int]:
+        return self.tokens[len(self.prompt):]
+
+
+def model_path() -> str:
+    """The converted weights, or RuntimeError naming what is missing."""
+    models_dir = os.environ.get("TRITONGATE_MODELS_DIR", "")
+    path = os.path.join(models_dir, MODEL_FOLDER)
+    if not models_dir or not os.path.isfile(os.path.join(path, "config.json")):
+        raise RuntimeError(
+            f"no converted model at {path!r} (TRITONGATE_MODELS_DIR={models_dir!r}); create it with "
+            "`tritongate models fetch` (tritongate.demo_models.smollm2.fetch_smollm2)"
+        )
+    return path
+
+
+def load_engine(name: str, parameters: dict[str, str], log: Log) -> Engine:
+    """The engine for a model, from its config.pbtxt parameters (dtype, torch_threads,
+    max_active_requests, prefill_chunk_tokens)."""
+    return Engine(
+        model_path(), name=name, log=log, dtype=parameters.get("dtype") or "bfloat16",
+        torch_threads=int(parameters.get("torch_threads") or 1),
+        max_active=int(parameters.get("max_active_requests") or 8),
+        prefill_chunk=int(parameters.get("prefill_chunk_tokens") or 256),
+    )
+
+
+class Engine:
+    """The model and the worker thread that generates every submitted sequence."""
+
+    def __init__(self, path: str, *, name: str, log: Log, dtype: str = "bfloat16", torch_threads: int = 1,
+                 max_active: int = 8, prefill_chunk: int = 256) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, DynamicCache
+
+        self.name, self.log = name, log
+        self.torch: Any = torch
+        self.cache_class: Any = DynamicCache
+        self.torch_threads, self.max_active, self.prefill_chunk = torch_threads, max_active, prefill_chunk
+        torch.set_num_threads(torch_threads)
+        started = time.monotonic()
+        self.model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
+        eos = self.model.generation_config.eos_token_id
+        if eos is None:
+            eos = self.model.config.eos_token_id
+        self.eos_id = int(eos[0] if isinstance(eos, (list, tuple)) else eos)
+        self.max_positions = int(self.model.config.max_position_embeddings)
+        self.vocab_size = int(self.model.config.vocab_size)
+        with torch.inference_mode():  # warm up, so that the first request is not the slow one
+            self.model(input_ids=torch.tensor([[self.eos_id]]), use_cache=False)
+
+        self.pending: queue.Queue[Sequence | None] = queue.Queue()
+        self.prefilling: list[Sequence] = []  # admitted, prompt not fully processed yet
+        self.batch = Batch(torch, DynamicCache, self.model.config)
+        self.stopping = threading.Event()
+        self.worker = threading.Thread(target=self._work, name=f"{name}-worker", daemon=True)
+        self.worker.start()
+        log(f"{name}: loaded {path} ({dtype}, end id {self.eos_id}) in {time.monotonic() - started:.1f} s")
+
+    def submit(self, seqs: list[Sequence]) -> None:
+        for seq in seqs:
+            self.pending.put(seq)
+
+    def close(self) -> None:
+        """Stop the worker; every sequence still queued or running gets `on_abort(..., "unloading")`."""
+        self.stopping.set()
+        self.pending.put(None)  # wake the worker
+        self.worker.join(timeout=30)
+
+    # --- the worker thread ---------------------------------------------------------------------
+
+    def _work(self) -> None:
+        # OpenMP's thread count is per native thread: set it on the thread that computes.
+        self.torch.set_num_threads(self.torch_threads)
+        with self.torch.inference_mode():
+            while not self.stopping.is_set():
+                try:
+                    self._admit()
+                    self._drop_aborted()
+                    if self.prefilling:
+                        self._prefill_chunk()
+                    if self.batch.seqs:
+                        self._decode_step()
+                except Exception as exc:  # never let the worker die: fail what is running
+                    self._fail(self.batch.seqs + self.prefilling, exc)
+                    self.batch.keep([])
+                    self.prefilling = []
+        for seq in self.batch.seqs + self.prefilling + self._drain():  # unloading: end every stream
+            _quietly(seq.owner.on_abort, seq, "unloading")
+
+    def _admit(self) -> None:
+        """Take queued sequences while there is room; wait for one when nothing runs."""
+        while len(self.batch.seqs) + len(self.prefilling) < self.max_active:
+            idle = not self.batch.seqs and not self.prefilling
+            try:
+                seq = self.pending.get(block=idle, timeout=1.0)
+            except queue.Empty:
+                return
+            if seq is None or self.stopping.is_set():
+                if seq is not None:
+                    self.pending.put(seq)  # ended by close()
+                return
+            if self._aborted(seq):
+                continue
+            seed = seq.sampling.seed
+            if seed is None:
+                seed = int.from_bytes(os.urandom(8), "little")
+            seq.generator = self.torch.Generator().manual_seed(seed % (1 << 64))
+            seq.cache = self.cache_class(config=self.model.config)
+            self.prefilling.append(seq)
+
+    def _prefill_chunk(self) -> None:
+        """Run the next `prefill_chunk` prompt tokens of the oldest new sequence, so that a long prompt
+        does not stall the running streams; after its last chunk, choose its first token and let it
+        join the batch."""
+        seq = self.prefilling[0]
+        try:
+            done = seq.cache.get_seq_length()
+            chunk = seq.prompt[done:done + self.prefill_chunk]
+            out = self.model(input_ids=self.torch.tensor([chunk]), past_key_values=seq.cache, use_cache=True,
+                             logits_to_keep=1)
+            if done + len(chunk) < len(seq.prompt):
+                return
+            self.prefilling.pop(0)
+            cache, seq.cache = seq.cache, None
+            if not self._advance(seq, out.logits[0, -1].float()):
+                self.batch.add(seq, cache)
+        except Exception as exc:
+            if seq in self.prefilling:
+                self.prefilling.remove(seq)
+            self._fail([seq], exc)
+
+    def _decode_step(self) -> None:
+        logits = self.batch.step(self.model)
+        running = []
+        for row, seq in enumerate(self.batch.seqs):
+            try:
+                if not self._advance(seq, logits[row]):
+                    running.append(row)
+            except Exception as exc:
+                self._fail([seq], exc)
+        self.batch.keep(running)
+
+    def _advance(self, seq: Sequence, logits: Any) -> bool:
+        """Choose `seq`'s next token and hand it to its owner; True if the sequence ended."""
+        s = seq.sampling
+        token = self._choose(logits, seq)
+        seq.tokens.append(token)
+        seq.counts[token] += 1
+        reason = None
+        stop_word = seq.generated >= s.min_tokens and _ends_with_any(seq.tokens, len(seq.prompt), s.stop_words)
+        if token in s.end_ids or stop_word:
+            reason = "stop"
+        elif seq.generated >= s.max_new_tokens:
+            reason = "length"
+        return seq.owner.on_token(seq, reason) is not None
+
+    def _choose(self, logits: Any, seq: Sequence) -> int:
+        torch, s, tokens = self.torch, seq.sampling, seq.tokens
+        if s.bias is not None:
+            logits = logits + torch.from_numpy(s.bias)
+        if s.allowed_ids is not None:
+            allowed = torch.full_like(logits, float("-inf"))
+            allowed[torch.tensor(s.allowed_ids)] = 0.0
+            logits = logits + allowed
+        if s.repetition_penalty != 1.0:
+            seen = torch.tensor(sorted(set(tokens)))
+            scores = logits[seen]
+            logits[seen] = torch.where(scores < 0, scores * s.repetition_penalty, scores / s.repetition_penalty)
+        if seq.counts and (s.presence_penalty or s.frequency_penalty):
+            ids = torch.tensor(list(seq.counts))
+            counts = torch.tensor([float(n) for n in seq.counts.values()])
+            logits[ids] -= s.presence_penalty + s.frequency_penalty * counts
+        for word in s.bad_words:
+            prefix = word[:-1]
+            if word and 0 <= word[-1] < logits.shape[0] and tokens[len(tokens) - len(prefix):] == prefix:
+                logits[word[-1]] = float("-inf")
+        if seq.generated < s.min_tokens:
+            for end in s.end_ids:
+                if 0 <= end < logits.shape[0]:
+                    logits[end] = float("-inf")
+        if s.greedy:
+            token = int(torch.argmax(logits))
+        else:
+            logits = logits / s.temperature
+            token = _sample(torch, logits, s, seq.generator)
+        if s.logprobs:  # after penalties and temperature, before top-k/top-p/min-p
+            log_probs = torch.log_softmax(logits, dim=-1)
+            seq.logprobs.append(float(log_probs[token]))
+            seq.ranks.append(int((log_probs > log_probs[token]).sum()) + 1)
+            if s.top_logprobs:
+                values, ids = torch.topk(log_probs, s.top_logprobs)
+                seq.top.append([(int(i), float(v)) for i, v in zip(ids, values, strict=True)])
+        return token
+
+    def _drop_aborted(self) -> None:
+        self.prefilling = [seq for seq in self.prefilling if not self._aborted(seq)]
+        self.batch.keep([i for i, seq in enumerate(self.batch.seqs) if not self._aborted(seq)])
+
+    def _aborted(self, seq: Sequence) -> bool:
+        why = seq.owner.aborted()
+        if why is None:
+            return False
+        self.log(f"{self.name}: request {seq.owner.request_id!r} (sequence {seq.index}) {why} after "
+                 f"{seq.generated} tokens")
+        _quietly(seq.owner.on_abort, seq, why)
+        return True
+
+    def _fail(self, seqs: list[Sequence], exc: Exception) -> None:
+        self.log(f"{self.name}: generation failed: {exc!r}")
+        for seq in list(seqs):
+            _quietly(seq.owner.on_error, seq, repr(exc))
+
+    def _drain(self) -> list[Sequence]:
+        seqs: list[Sequence] = []
+        while True:
+            try:
+                seq = self.pending.get_nowait()
+            except queue.Empty:
+                return seqs
+            if seq is not None:
+                seqs.append(seq)
+
+
+class Batch:
+    """The active sequences and their KV cache, left-padded to a common length.
+
+    Row i holds `pads[i]` padding positions (masked out) followed by its real keys and values; every
+    decoding step appends one position to every row.
+    """
+
+    def __init__(self, torch: Any, cache_class: Any, config: Any) -> None:
+        self.torch, self.cache_class, self.config = torch, cache_class, config
+        self.seqs: list[Sequence] = []
+        self.pads: list[int] = []
+        self.cache: Any = None
+
+    def add(self, seq: Sequence, cache: Any) -> None:
+        """Join `seq` with its own prefilled batch-1 cache."""
+        if not self.seqs:
+            self.seqs, self.pads, self.cache = [seq], [0], cache
+            return
+        old, new = self.cache.get_seq_length(), cache.get_seq_length()
+        width = max(old, new)
+        layers = []
+        for mine, theirs in zip(self.cache.layers, cache.layers, strict=True):
+            keys = self.torch.cat([self._pad(mine.keys, width - old), self._pad(theirs.keys, width - new)])
+            values = self.torch.cat([self._pad(mine.values, width - old), self._pad(theirs.values, width - new)])
+            layers.append((keys, values))
+        self.cache = self.cache_class(ddp_cache_data=layers, config=self.config)
+        self.pads = [p + width - old for p in self.pads] + [width - new]
+        self.seqs.append(seq)
+
+    def keep(self, rows: list[int]) -> None:
+        """Keep only `rows` (indices), dropping padding no remaining row needs."""
+        if len(rows) == len(self.seqs):
+            return
+        self.seqs = [self.seqs[i] for i in rows]
+        self.pads = [self.pads[i] for i in rows]
+        if not rows:
+            self.cache = None
+            return
+        index, trim = self.torch.tensor(rows), min(self.pads)
+        layers = [(layer.keys[index, :, trim:], layer.values[index, :, trim:]) for layer in self.cache.layers]
+        self.cache = self.cache_class(ddp_cache_data=layers, config=self.config)
+        self.pads = [p - trim for p in self.pads]
+
+    def step(self, model: Any) -> Any:
+        """One decoding step for every row; returns the last-position logits [rows, vocab]."""
+        torch, length = self.torch, self.cache.get_seq_length()
+        input_ids = torch.tensor([[seq.tokens[-1]] for seq in self.seqs])
+        mask = torch.ones(len(self.seqs), length + 1, dtype=torch.long)
+        for row, pad in enumerate(self.pads):
+            mask[row, :pad] = 0
+        positions = torch.tensor([[length - pad] for pad in self.pads])
+        out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, past_key_values=self.cache,
+                    use_cache=True)
+        return out.logits[:, -1].float()
+
+    def _pad(self, tensor: Any, n: int) -> Any:
+        if n == 0:
+            return tensor
+        shape = list(tensor.shape)
+        shape[-2] = n
+        return self.torch.cat([tensor.new_zeros(shape), tensor], dim=-2)
+
+
+def _sample(torch: Any, logits: Any, s: Sampling, generator: Any) -> int:
+    if 0 < s.top_k < logits.shape[0]:
+        kth = torch.topk(logits, s.top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if 0.0 < s.top_p < 1.0:
+        sorted_probs, order = torch.sort(probs, descending=True)
+        # keep the smallest prefix whose mass reaches top_p (always at least one token)
+        sorted_probs[(torch.cumsum(sorted_probs, dim=-1) - sorted_probs) >= s.top_p] = 0.0
+        probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
+    if s.min_p > 0.0:
+        probs = probs.masked_fill(probs < s.min_p * probs.max(), 0.0)
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def _ends_with_any(tokens: list[int], start: int, words: list[list[int]]) -> bool:
+    """Whether `tokens` ends with one of `words`, lying entirely after `start` (the generated part)."""
+    return any(0 < len(word) <= len(tokens) - start and tokens[len(tokens) - len(word):] == word for word in words)
+
+
+def _quietly(callback: Callable[..., Any], *args: Any) -> None:
+    """Call an owner's callback; a stream that is already gone has nothing left to be told."""
+    with contextlib.suppress(Exception):
+        callback(*args)
