@@ -24,7 +24,8 @@ from tritongate.settings import Settings
 
 log = logging.getLogger(__name__)
 
-OPEN_PATHS = frozenset({"/health", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
+OPEN_PATHS = frozenset({"/health", "/health/live", "/health/ready", "/v1/health/live", "/v1/health/ready",
+                        "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
 METRICS_PATH = "/metrics"
 SCHEME = "ApiKey"  # the OpenAPI security scheme, so that the docs' "Authorize" button works
 

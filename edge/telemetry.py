@@ -44,7 +44,8 @@ TOKENS = Counter("tritongate_tokens_total", "Tokens processed, by model and kind
                  ("model", "kind"))
 
 UNMATCHED = "unmatched"  # any path no route serves: one label value, however many paths clients try
-QUIET_ROUTES = frozenset({"/health", "/metrics"})  # probes and scrapes: access-logged at DEBUG only
+QUIET_ROUTES = frozenset({"/health", "/health/live", "/health/ready", "/v1/health/live", "/v1/health/ready",
+                          "/metrics"})  # probes and scrapes: access-logged at DEBUG only
 access_log = logging.getLogger("tritongate.access")
 
 

@@ -1,23 +1,45 @@
-"""GET /health: the edge is up; each service's gRPC health as detail."""
+"""Health: GET /health (each service's gRPC health as detail), and Kubernetes-style probes:
+/health/live (the edge process answers) and /health/ready (at least one service is serving), with
+NVIDIA NIM's /v1/health/live and /v1/health/ready as aliases.
+
+/health and /health/ready answer 503 while no service is serving, so that a load balancer or a
+readiness probe keeps traffic away from an edge that could only refuse it; liveness never depends on
+the services (restarting the edge would not bring them back).
+"""
 
 from __future__ import annotations
 
 import asyncio
-from typing import Literal
+from typing import Any, Literal
 
 import grpc
+import orjson
+from fastapi import Response
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from pydantic import BaseModel
 
 from edge.api_router import api_router
 from edge.deps import ClientsDep
 
-router = api_router()
+router = api_router(tags=["health"])
+
+SERVING = "serving"
 
 
 class Health(BaseModel):
-    status: Literal["ok"]
+    status: Literal["ok", "unavailable"]  # unavailable (with a 503) while no service is serving
     services: dict[str, str]  # service name → serving, not_serving, unknown, service_unknown or unavailable
+
+
+class Live(BaseModel):
+    status: Literal["ok"]
+
+
+# 503: the same body, saying which services are not serving.
+HEALTH_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"model": Health, "description": "At least one service is serving"},
+    503: {"model": Health, "description": "No service is serving"},
+}
 
 
 async def _service_status(channel: grpc.aio.Channel) -> str:
@@ -28,7 +50,19 @@ async def _service_status(channel: grpc.aio.Channel) -> str:
     return str(health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)).lower()
 
 
-@router.get("/health", tags=["health"], response_model=Health)
-async def health(clients: ClientsDep) -> Health:
+@router.get("/health", responses=HEALTH_RESPONSES)
+@router.get("/health/ready", responses=HEALTH_RESPONSES)
+@router.get("/v1/health/ready", responses=HEALTH_RESPONSES)
+async def health(clients: ClientsDep) -> Response:
     statuses = await asyncio.gather(*(_service_status(client.channel) for client in clients.all))
-    return Health(status="ok", services={c.service.name: s for c, s in zip(clients.all, statuses, strict=True)})
+    services = {c.service.name: s for c, s in zip(clients.all, statuses, strict=True)}
+    ready = SERVING in statuses
+    body = Health(status="ok" if ready else "unavailable", services=services)
+    return Response(orjson.dumps(body.model_dump()), status_code=200 if ready else 503,
+                    media_type="application/json")
+
+
+@router.get("/health/live", response_model=Live)
+@router.get("/v1/health/live", response_model=Live)
+async def live() -> Live:
+    return Live(status="ok")

@@ -137,7 +137,8 @@ def test_edge_is_a_normal_service_reaching_the_headless_services() -> None:
     c = container("edge")
     assert tritongate_args(c["args"]).command == "edge"
     assert {"name": "http", "containerPort": DEFAULTS.edge_port} in c["ports"]
-    assert c["readinessProbe"]["httpGet"]["path"] == "/health"
+    assert c["readinessProbe"]["httpGet"]["path"] == "/health/ready"
+    assert c["livenessProbe"]["httpGet"]["path"] == "/health/live"
     for name in SERVICES:
         match = re.fullmatch(r"dns:///([\w-]+):(\d+)", env("edge")[f"TRITONGATE_{name.upper()}_TARGET"])
         assert match and get("Service", match[1])["spec"]["clusterIP"] == "None"

@@ -124,6 +124,10 @@ def test_models_list_and_retrieve(http: httpx.Client, client: openai.OpenAI) -> 
 def test_health(http: httpx.Client) -> None:
     body = http.get("/health").json()
     assert body["status"] == "ok" and body["services"]["embed"] == "serving"
+    for path in ("/health/ready", "/v1/health/ready"):
+        assert http.get(path).json() == body
+    for path in ("/health/live", "/v1/health/live"):
+        assert http.get(path).json() == {"status": "ok"}
 
 
 def test_swagger_ui(http: httpx.Client) -> None:

@@ -157,7 +157,7 @@ def test_log_json_makes_every_edge_line_a_json_object(tmp_path: Path) -> None:
         process = subprocess.Popen([sys.executable, "-m", "launcher.cli", "edge", "--log-json", "--port", str(port)],
                                    stdout=out, stderr=subprocess.STDOUT)
     try:
-        wait_until(lambda: http_ok(f"http://127.0.0.1:{port}/health"), 20, "the edge", process)
+        wait_until(lambda: http_ok(f"http://127.0.0.1:{port}/health/live"), 20, "the edge", process)
         rid = new_id()
         assert httpx.get(f"http://127.0.0.1:{port}/nowhere", headers={"X-Request-ID": rid}).status_code == 404
         wait_until(lambda: rid in log.read_text(), 10, "the access log line")
