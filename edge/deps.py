@@ -8,6 +8,8 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from edge.clients import EmbedClient, LlmClient, ModelDirectory, RerankClient, ServiceClients
+from edge.endpoints.responses import Stored
+from edge.store import BoundedStore
 from tritongate.settings import Settings
 
 
@@ -41,9 +43,15 @@ async def _rerank(request: Request) -> RerankClient:
     return _clients(request).rerank
 
 
+async def _response_store(request: Request) -> BoundedStore[Stored]:
+    store: BoundedStore[Stored] = request.app.state.responses
+    return store
+
+
 SettingsDep = Annotated[Settings, Depends(_settings)]
 ClientsDep = Annotated[ServiceClients, Depends(_all)]
 DirectoryDep = Annotated[ModelDirectory, Depends(_directory)]
 LlmDep = Annotated[LlmClient, Depends(_llm)]
 EmbedDep = Annotated[EmbedClient, Depends(_embed)]
 RerankDep = Annotated[RerankClient, Depends(_rerank)]
+ResponseStoreDep = Annotated[BoundedStore[Stored], Depends(_response_store)]

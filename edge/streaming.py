@@ -1,17 +1,18 @@
-"""The one code path of chat and completions, streamed or not.
+"""The one code path of chat, completions and responses, streamed or not.
 
 The Generate stream starts; until the service's first message (`accepted`) any failure is an ordinary
-HTTP error with the right status. Then either every delta becomes an SSE chunk (the endpoint's `Shape`
-says how), or the deltas are collected into one response. A client that goes away cancels the stream,
-which cancels the Triton requests.
+HTTP error with the right status. Then either every delta becomes SSE events (the `Framing` says how:
+chat and completions chunks, or the Responses API's events), or the deltas are collected into one
+response (the endpoint's `response`). A client that goes away cancels the stream, which cancels the
+Triton requests.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Iterable
+from typing import Any, Protocol
 
 import orjson
 from fastapi import Request, Response
@@ -21,13 +22,78 @@ from edge.clients import Generation, LlmClient
 from edge.endpoints.common import usage_object
 from edge.endpoints.llm_common import Collected, Shape
 from edge.sse import data_event, sse_response
+from tritongate.common.v1 import common_pb2
 from tritongate.llm.v1 import llm_pb2
+
+
+class Collector(Protocol):
+    """What the collecting side needs of an endpoint (chat and completions' `Shape` is one)."""
+
+    object: str
+    prefix: str  # of the response id
+
+    def response(self, head: dict[str, Any], choices: list[Collected], usage: common_pb2.Usage) -> dict[str, Any]:
+        """The whole non-streamed response."""
+
+
+class Framing(Protocol):
+    """How one stream is written as SSE events (already encoded)."""
+
+    def start(self, choices: int) -> Iterable[bytes]:
+        """Before any text."""
+
+    def delta(self, delta: llm_pb2.Delta) -> Iterable[bytes]:
+        """A delta carrying text or logprobs."""
+
+    def end(self, index: int, finish_reason: str) -> Iterable[bytes]:
+        """A choice is finished."""
+
+    def finish(self, usage: common_pb2.Usage) -> Iterable[bytes]:
+        """Every choice is finished; `usage` is the request's."""
+
+
+class ChunkFraming:
+    """Chat and completions chunks: openings, one chunk per delta, an empty one with each finish reason,
+    the usage chunk when asked."""
+
+    def __init__(self, shape: Shape, head: dict[str, Any], include_usage: bool) -> None:
+        self.shape = shape
+        self.head = head
+        self.include_usage = include_usage
+        self.extra = {"usage": None} if include_usage else {}
+
+    def _chunk(self, choice: dict[str, Any]) -> bytes:
+        return data_event({**self.head, "choices": [choice], **self.extra})
+
+    def start(self, choices: int) -> Iterable[bytes]:
+        for index in range(choices):
+            opening = self.shape.opening(index)
+            if opening is not None:
+                yield self._chunk(opening)
+
+    def delta(self, delta: llm_pb2.Delta) -> Iterable[bytes]:
+        yield self._chunk(self.shape.delta(delta))
+
+    def end(self, index: int, finish_reason: str) -> Iterable[bytes]:
+        yield self._chunk(self.shape.end(index, finish_reason))
+
+    def finish(self, usage: common_pb2.Usage) -> Iterable[bytes]:
+        if self.include_usage:
+            yield data_event({**self.head, "choices": [], "usage": usage_object(usage)})
 
 
 async def generate(request: Request, client: LlmClient, proto: llm_pb2.GenerateRequest, shape: Shape, *,
                    stream: bool, include_usage: bool, keepalive_s: float) -> Response:
-    head = {"id": f"{shape.prefix}-{uuid.uuid4().hex}", "object": shape.object, "created": int(time.time()),
-            "model": proto.model}
+    """Chat and completions."""
+    return await run(request, client, proto, shape, stream=stream, keepalive_s=keepalive_s,
+                     framing=lambda head: ChunkFraming(shape, head, include_usage))
+
+
+async def run(request: Request, client: LlmClient, proto: llm_pb2.GenerateRequest, collector: Collector, *,
+              stream: bool, keepalive_s: float, framing: Callable[[dict[str, Any]], Framing]) -> Response:
+    """Any generation endpoint: `framing` writes its stream, `collector` its whole response."""
+    head = {"id": f"{collector.prefix}-{uuid.uuid4().hex}", "object": collector.object,
+            "created": int(time.time()), "model": proto.model}
     generation = await client.generate(proto)
     try:
         accepted = await until_disconnected(request, generation.accepted())
@@ -35,40 +101,33 @@ async def generate(request: Request, client: LlmClient, proto: llm_pb2.GenerateR
         generation.cancel()
         raise
     if stream:
-        return sse_response(_chunks(generation, accepted, shape, head, include_usage), keepalive_s)
+        return sse_response(_events(generation, accepted, framing(head)), keepalive_s)
     try:
-        body = await until_disconnected(request, _collect(generation, accepted, shape, head))
+        body = await until_disconnected(request, _collect(generation, accepted, collector, head))
     finally:
         generation.cancel()
     return Response(orjson.dumps(body), media_type="application/json")
 
 
-async def _chunks(generation: Generation, accepted: llm_pb2.Accepted, shape: Shape, head: dict[str, Any],
-                  include_usage: bool) -> AsyncIterator[bytes]:
-    """Stream chunks: openings, one chunk per delta, an empty one with each finish reason, usage."""
-    extra = {"usage": None} if include_usage else {}
-
-    def chunk(choice: dict[str, Any]) -> bytes:
-        return data_event({**head, "choices": [choice], **extra})
-
+async def _events(generation: Generation, accepted: llm_pb2.Accepted, framing: Framing) -> AsyncIterator[bytes]:
     try:
-        for index in range(accepted.choices):
-            opening = shape.opening(index)
-            if opening is not None:
-                yield chunk(opening)
+        for event in framing.start(accepted.choices):
+            yield event
         async for delta in generation.deltas():
             if delta.text or delta.logprobs:
-                yield chunk(shape.delta(delta))
+                for event in framing.delta(delta):
+                    yield event
             if delta.finish_reason:
-                yield chunk(shape.end(delta.index, delta.finish_reason))
-        if include_usage:
-            yield data_event({**head, "choices": [], "usage": usage_object(generation.usage)})
+                for event in framing.end(delta.index, delta.finish_reason):
+                    yield event
+        for event in framing.finish(generation.usage):
+            yield event
     finally:
         generation.cancel()
 
 
-async def _collect(generation: Generation, accepted: llm_pb2.Accepted, shape: Shape, head: dict[str, Any]
-                   ) -> dict[str, Any]:
+async def _collect(generation: Generation, accepted: llm_pb2.Accepted, collector: Collector,
+                   head: dict[str, Any]) -> dict[str, Any]:
     choices = [Collected() for _ in range(accepted.choices)]
     async for delta in generation.deltas():
         choice = choices[delta.index]
@@ -76,4 +135,4 @@ async def _collect(generation: Generation, accepted: llm_pb2.Accepted, shape: Sh
         choice.logprobs.extend(delta.logprobs)
         if delta.finish_reason:
             choice.finish_reason = delta.finish_reason
-    return shape.response(head, choices, generation.usage)
+    return collector.response(head, choices, generation.usage)

@@ -14,7 +14,7 @@ import yaml
 
 ROOTS = [
     "ErrorResponse", "ListModelsResponse", "Model", "CreateEmbeddingResponse", "CreateCompletionResponse",
-    "CreateChatCompletionResponse", "CreateChatCompletionStreamResponse",
+    "CreateChatCompletionResponse", "CreateChatCompletionStreamResponse", "Response", "ResponseStreamEvent",
 ]
 
 

@@ -50,6 +50,10 @@ class Settings(BaseSettings):
     max_embedding_inputs: int = 2048
     max_rerank_documents: int = 1000
     sse_keepalive_s: float = 15.0
+    # Stored Responses (`store: true`, read back by `previous_response_id` and GET /v1/responses/{id}):
+    # how many one edge keeps, and for how long after their last use.
+    responses_store_max: int = Field(1000, ge=1)
+    responses_store_ttl_s: float = Field(3600.0, gt=0)
     # Seconds a client is told to wait (Retry-After) when a service refuses a request for overload.
     retry_after_s: int = Field(1, ge=0)
     uvicorn_log_level: str = "info"

@@ -1,0 +1,30 @@
+"""POST /v1/responses, GET /v1/responses/{id} (the rules and shapes are in edge/endpoints/responses.py)."""
+
+from __future__ import annotations
+
+from fastapi import Request, Response
+
+from edge.api_router import api_router, ok, ok_or_stream
+from edge.deps import LlmDep, ResponseStoreDep, SettingsDep
+from edge.endpoints import chat, responses
+from edge.streaming import run
+
+router = api_router(tags=["responses"])
+
+
+@router.post("/v1/responses", responses=ok_or_stream(responses.Response, responses.ResponseStreamEvent))
+async def create_response(body: responses.ResponseRequest, request: Request, llm: LlmDep, store: ResponseStoreDep,
+                          settings: SettingsDep) -> Response:
+    conversation = responses.history(body, store)
+    proto = chat.to_proto(responses.to_chat(body, conversation))
+    recorder = responses.ResponseRecorder(body, conversation, store)
+    return await run(request, llm, proto, recorder, stream=bool(body.stream), keepalive_s=settings.sse_keepalive_s,
+                     framing=recorder.events)
+
+
+@router.get("/v1/responses/{response_id}", responses=ok(responses.Response))
+async def retrieve_response(response_id: str, store: ResponseStoreDep) -> Response:
+    stored = store.get(response_id)
+    if stored is None:
+        raise responses.not_found(response_id)
+    return Response(responses.encoded(stored.response), media_type="application/json")
