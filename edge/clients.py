@@ -21,7 +21,7 @@ import grpc
 
 from edge.errors import OpenAIError, bad_request, from_grpc, model_not_found
 from edge.telemetry import TokenTimer, current
-from tritongate.common.v1 import common_pb2
+from tritongate.common.v1 import common_pb2, tokenizer_pb2, tokenizer_pb2_grpc
 from tritongate.embed.v1 import embed_pb2
 from tritongate.llm.v1 import llm_pb2
 from tritongate.logs import request_metadata
@@ -90,6 +90,7 @@ class ServiceClient:
                  retry_after_s: int = 1) -> None:
         self.channel = channel
         self.stub = self.service.stub(channel)
+        self.tokenizer = tokenizer_pb2_grpc.TokenizerServiceStub(channel)  # every service has one
         self.directory = directory
         self.timeout = timeout  # each call's deadline
         self.retry_after_s = retry_after_s  # what a 429 from this service tells the client
@@ -109,15 +110,25 @@ class ServiceClient:
         await self.directory.route(model, self.service)
         current().model = model
 
-    async def _unary(self, method: Callable[..., Awaitable[R]], request: Any) -> R:
-        """Route `request.model`, make the call, map its failure, record its usage."""
+    async def _call(self, method: Callable[..., Awaitable[R]], request: Any) -> R:
+        """Route `request.model`, make the call, map its failure."""
         await self._route_and_label(request.model)
         try:
-            response = await method(request, timeout=self.timeout, metadata=request_metadata())
+            return await method(request, timeout=self.timeout, metadata=request_metadata())
         except grpc.aio.AioRpcError as exc:
             raise self.failure(exc) from None
+
+    async def _unary(self, method: Callable[..., Awaitable[R]], request: Any) -> R:
+        """`_call`, recording the usage."""
+        response = await self._call(method, request)
         current().record_usage(response.usage)  # type: ignore[attr-defined]
         return response
+
+    async def tokenize(self, request: tokenizer_pb2.TokenizeRequest) -> tokenizer_pb2.TokenizeResponse:
+        return await self._call(self.tokenizer.Tokenize, request)
+
+    async def detokenize(self, request: tokenizer_pb2.DetokenizeRequest) -> tokenizer_pb2.DetokenizeResponse:
+        return await self._call(self.tokenizer.Detokenize, request)
 
 
 class EmbedClient(ServiceClient):
@@ -274,6 +285,13 @@ class ServiceClients:
     @property
     def all(self) -> list[ServiceClient]:
         return self.directory.clients
+
+    async def for_model(self, model: Any) -> ServiceClient:
+        """The client of the service that serves `model` (404 when none does)."""
+        if not isinstance(model, str) or not model:
+            raise bad_request("`model` must be a non-empty string.", "model")
+        card = await self.directory.find(model)
+        return next(client for client in self.all if client.service.kind == card.kind)
 
     async def close(self) -> None:
         for client in self.all:

@@ -10,7 +10,7 @@ import signal
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -18,13 +18,17 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from services.common.admission import AdmissionInterceptor
-from services.common.errors import ServiceError, model_not_found, rpc
+from services.common.errors import ServiceError, invalid_argument, model_not_found, rpc
 from services.common.metrics import MetricsInterceptor, handled_by_code, in_flight
+from services.common.tokenize import TokenizerServicer
 from services.common.triton import Triton
-from tritongate.common.v1 import common_pb2
+from tritongate.common.v1 import common_pb2, tokenizer_pb2, tokenizer_pb2_grpc
 from tritongate.config import TritonModelEntry
 from tritongate.registry import ModelKind, ServiceInfo
 from tritongate.wire import MAX_MESSAGE_BYTES
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +41,7 @@ class ServedModel:
     """A configured model backed by a Triton model; subclasses add tokenization and inference."""
 
     kind: ModelKind = common_pb2.MODEL_KIND_UNSPECIFIED  # subclasses: their service's (tritongate/registry.py)
+    tokenizer: PreTrainedTokenizerBase  # subclasses load it
 
     def __init__(self, entry: TritonModelEntry, triton: Triton) -> None:
         self.entry = entry
@@ -69,6 +74,10 @@ class ServedModel:
 
     def on_ready(self, triton_config: dict[str, Any]) -> None:
         """Read what the service needs from the Triton model configuration."""
+
+    def chat_tokens(self, chat: tokenizer_pb2.TokenizerChat) -> list[int]:
+        """A chat as the model's prompt, in token ids (the TokenizerService); only LLMs have chat templates."""
+        raise invalid_argument(f"Model `{self.name}` has no chat template: send `prompt`.", "messages")
 
 
 M = TypeVar("M", bound=ServedModel)
@@ -198,10 +207,12 @@ async def start_service(
     interceptors = [MetricsInterceptor(), AdmissionInterceptor(max_in_flight, (name,))]
     server = grpc.aio.server(interceptors=interceptors, options=server_options(max_connection_age_ms, grace_s))
     spec.add_to(server)
+    tokenizer_pb2_grpc.add_TokenizerServiceServicer_to_server(TokenizerServicer(spec.models), server)
     health_servicer = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
-        (name, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
+        (name, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME,
+         tokenizer_pb2.DESCRIPTOR.services_by_name["TokenizerService"].full_name),
         server,
     )
     address = f"{host}:{port}"

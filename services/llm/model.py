@@ -30,7 +30,7 @@ from services.llm.params import (
     max_new_tokens,
     sampling,
 )
-from tritongate.common.v1 import common_pb2
+from tritongate.common.v1 import common_pb2, tokenizer_pb2
 from tritongate.config import LlmModel, ModelInfo
 from tritongate.llm.v1 import llm_pb2
 from tritongate.logs import REQUEST_ID
@@ -115,6 +115,11 @@ class LanguageModel(ServedModel):
                     for m in chat.messages]
         variables = json_format.MessageToDict(chat_template_kwargs) if chat_template_kwargs.fields else None
         return self.template.render(messages, add_generation_prompt=True, variables=variables)
+
+    def chat_tokens(self, chat: tokenizer_pb2.TokenizerChat) -> list[int]:
+        """The prompt a chat becomes (the TokenizerService), as Generate tokenizes it."""
+        messages = [llm_pb2.ChatMessage(role=m.role, content=m.content) for m in chat.messages]
+        return self.tokenize(self.chat_prompt(llm_pb2.Chat(messages=messages), struct_pb2.Struct()), special=False)
 
     def prompts(self, request: llm_pb2.GenerateRequest) -> PromptSet:
         """The chat through the template, or each prompt (text or token ids) checked against the vocabulary."""
