@@ -12,7 +12,7 @@ from edge.auth import install_auth
 from edge.clients import ServiceClients
 from edge.errors import install_error_handlers
 from edge.limits import BodySizeLimit
-from edge.routers import chat, completions, embeddings, health, models, rerank, responses, tokenize
+from edge.routers import chat, completions, embeddings, health, interactive, models, rerank, responses, tokenize
 from edge.store import BoundedStore
 from edge.telemetry import install_metrics
 from tritongate.settings import Settings, get_settings
@@ -31,6 +31,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.settings = settings
         app.state.clients = clients = ServiceClients.open(settings)
         app.state.responses = BoundedStore(settings.responses_store_max, settings.responses_store_ttl_s)
+        app.state.sessions = BoundedStore(settings.interactive_max_sessions, settings.interactive_session_ttl_s)
         try:
             yield
         finally:
@@ -43,7 +44,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     install_error_handlers(app)
-    for module in (models, chat, completions, embeddings, rerank, responses, tokenize, health):
+    for module in (models, chat, completions, embeddings, rerank, responses, interactive, tokenize, health):
         app.include_router(module.router)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     install_auth(app, settings)  # outside the body limit: a request without a key is refused unread

@@ -8,6 +8,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from edge.clients import EmbedClient, LlmClient, ModelDirectory, RerankClient, ServiceClients
+from edge.endpoints.interactive import Session
 from edge.endpoints.responses import Stored
 from edge.store import BoundedStore
 from tritongate.settings import Settings
@@ -48,6 +49,11 @@ async def _response_store(request: Request) -> BoundedStore[Stored]:
     return store
 
 
+async def _sessions(request: Request) -> BoundedStore[Session]:
+    sessions: BoundedStore[Session] = request.app.state.sessions
+    return sessions
+
+
 SettingsDep = Annotated[Settings, Depends(_settings)]
 ClientsDep = Annotated[ServiceClients, Depends(_all)]
 DirectoryDep = Annotated[ModelDirectory, Depends(_directory)]
@@ -55,3 +61,4 @@ LlmDep = Annotated[LlmClient, Depends(_llm)]
 EmbedDep = Annotated[EmbedClient, Depends(_embed)]
 RerankDep = Annotated[RerankClient, Depends(_rerank)]
 ResponseStoreDep = Annotated[BoundedStore[Stored], Depends(_response_store)]
+SessionsDep = Annotated[BoundedStore[Session], Depends(_sessions)]

@@ -39,8 +39,8 @@ class Collector(Protocol):
 class Framing(Protocol):
     """How one stream is written as SSE events (already encoded)."""
 
-    def start(self, choices: int) -> Iterable[bytes]:
-        """Before any text."""
+    def start(self, accepted: llm_pb2.Accepted) -> Iterable[bytes]:
+        """Before any text (`accepted` has the prompt tokens and the number of choices)."""
 
     def delta(self, delta: llm_pb2.Delta) -> Iterable[bytes]:
         """A delta carrying text or logprobs."""
@@ -65,8 +65,8 @@ class ChunkFraming:
     def _chunk(self, choice: dict[str, Any]) -> bytes:
         return data_event({**self.head, "choices": [choice], **self.extra})
 
-    def start(self, choices: int) -> Iterable[bytes]:
-        for index in range(choices):
+    def start(self, accepted: llm_pb2.Accepted) -> Iterable[bytes]:
+        for index in range(accepted.choices):
             opening = self.shape.opening(index)
             if opening is not None:
                 yield self._chunk(opening)
@@ -90,8 +90,10 @@ async def generate(request: Request, client: LlmClient, proto: llm_pb2.GenerateR
 
 
 async def run(request: Request, client: LlmClient, proto: llm_pb2.GenerateRequest, collector: Collector, *,
-              stream: bool, keepalive_s: float, framing: Callable[[dict[str, Any]], Framing]) -> Response:
-    """Any generation endpoint: `framing` writes its stream, `collector` its whole response."""
+              stream: bool, keepalive_s: float, framing: Callable[[dict[str, Any]], Framing],
+              respond: Callable[[AsyncIterator[bytes], float], Response] = sse_response) -> Response:
+    """Any generation endpoint: `framing` writes its stream (as Server-Sent Events, unless `respond`
+    writes it otherwise), `collector` its whole response."""
     head = {"id": f"{collector.prefix}-{uuid.uuid4().hex}", "object": collector.object,
             "created": int(time.time()), "model": proto.model}
     generation = await client.generate(proto)
@@ -101,7 +103,7 @@ async def run(request: Request, client: LlmClient, proto: llm_pb2.GenerateReques
         generation.cancel()
         raise
     if stream:
-        return sse_response(_events(generation, accepted, framing(head)), keepalive_s)
+        return respond(_events(generation, accepted, framing(head)), keepalive_s)
     try:
         body = await until_disconnected(request, _collect(generation, accepted, collector, head))
     finally:
@@ -111,7 +113,7 @@ async def run(request: Request, client: LlmClient, proto: llm_pb2.GenerateReques
 
 async def _events(generation: Generation, accepted: llm_pb2.Accepted, framing: Framing) -> AsyncIterator[bytes]:
     try:
-        for event in framing.start(accepted.choices):
+        for event in framing.start(accepted):
             yield event
         async for delta in generation.deltas():
             if delta.text or delta.logprobs:

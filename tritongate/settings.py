@@ -54,6 +54,11 @@ class Settings(BaseSettings):
     # how many one edge keeps, and for how long after their last use.
     responses_store_max: int = Field(1000, ge=1)
     responses_store_ttl_s: float = Field(3600.0, gt=0)
+    # LMDeploy-style interactive sessions (/v1/chat/interactive), kept by each edge: how many at once, the
+    # tokens one may hold (then it must be ended), and how long an unused one is kept.
+    interactive_max_sessions: int = Field(1024, ge=1)
+    interactive_max_session_tokens: int = Field(16384, ge=1)
+    interactive_session_ttl_s: float = Field(1800.0, gt=0)
     # Seconds a client is told to wait (Retry-After) when a service refuses a request for overload.
     retry_after_s: int = Field(1, ge=0)
     uvicorn_log_level: str = "info"

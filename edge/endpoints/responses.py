@@ -18,13 +18,13 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 import orjson
-from fastapi.exceptions import RequestValidationError
-from pydantic import Field, ValidationError, WithJsonSchema, field_validator
+from pydantic import Field, WithJsonSchema, field_validator
 
+from edge.endpoints.as_chat import validated_chat
 from edge.endpoints.chat import ChatCompletionRequest
 from edge.endpoints.common import UINT32_MAX, OpenAIRequest, ParamError, ResponseModel
 from edge.endpoints.llm_common import Collected, Temperature, TopP
-from edge.errors import OpenAIError, bad_request, from_validation
+from edge.errors import OpenAIError, bad_request
 from edge.store import BoundedStore
 from tritongate.common.v1 import common_pb2
 from tritongate.llm.v1 import llm_pb2
@@ -143,13 +143,6 @@ def _chat_tool_choice(choice: Any) -> Any:
     return choice
 
 
-def _renamed(error: OpenAIError) -> OpenAIError:
-    if error.param:
-        head = error.param.split("[")[0].split(".")[0]
-        error.param = RESPONSES_PARAM.get(head, error.param)
-    return error
-
-
 def to_chat(body: ResponseRequest, history: list[Message]) -> ChatCompletionRequest:
     """The chat request that answers `body`, after the conversation `history`."""
     system = [{"role": "system", "content": body.instructions}] if body.instructions else []
@@ -157,10 +150,7 @@ def to_chat(body: ResponseRequest, history: list[Message]) -> ChatCompletionRequ
             "max_completion_tokens": body.max_output_tokens, "temperature": body.temperature, "top_p": body.top_p,
             "stream": body.stream, "user": body.user, "response_format": _response_format(body.text),
             "tools": _chat_tools(body.tools), "tool_choice": _chat_tool_choice(body.tool_choice)}
-    try:
-        return ChatCompletionRequest.model_validate(chat)
-    except ValidationError as exc:
-        raise _renamed(from_validation(RequestValidationError(exc.errors()))) from None
+    return validated_chat(chat, RESPONSES_PARAM)
 
 
 @dataclass
@@ -277,7 +267,7 @@ class ResponseEvents:
     def _at(self) -> dict[str, Any]:
         return {"item_id": self.recorder.item_id, "output_index": 0, "content_index": 0}
 
-    def start(self, choices: int) -> Iterable[bytes]:
+    def start(self, accepted: llm_pb2.Accepted) -> Iterable[bytes]:
         opening = self.recorder.snapshot(self.head, "in_progress", [], None)
         yield self._emit("response.created", response=opening)
         yield self._emit("response.in_progress", response=opening)

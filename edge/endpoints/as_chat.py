@@ -1,0 +1,24 @@
+"""For endpoints served as chat requests (Responses, LMDeploy's interactive chat): the chat request they
+become, validated by chat's own rules, with the errors naming the endpoint's own parameters."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
+
+from edge.endpoints.chat import ChatCompletionRequest
+from edge.errors import from_validation
+
+
+def validated_chat(fields: dict[str, Any], names: dict[str, str]) -> ChatCompletionRequest:
+    """`fields` as a ChatCompletionRequest; a refused chat parameter is reported under `names[param]`."""
+    try:
+        return ChatCompletionRequest.model_validate(fields)
+    except ValidationError as exc:
+        error = from_validation(RequestValidationError(exc.errors()))
+        if error.param:
+            head = error.param.split("[")[0].split(".")[0]
+            error.param = names.get(head, error.param)
+        raise error from None

@@ -1,0 +1,242 @@
+"""POST /v1/chat/interactive: LMDeploy api_server's interactive chat, served as chat requests.
+
+The edge keeps each session's conversation (`Session`, in a `BoundedStore` of the edge process): a
+request with `interactive_mode: true` adds its prompt and the answer to the session; one with
+`interactive_mode: false` (LMDeploy's default) is answered after the session's history and then ends
+the session. `cancel: true` stops the session's request in flight. The answer is LMDeploy's
+`{text, tokens, input_tokens, history_tokens, finish_reason}`; streamed, one such JSON object a line,
+each carrying the new text (the last line has the finish reason and the exact token counts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal
+
+import orjson
+from fastapi import Response
+from fastapi.responses import StreamingResponse
+from pydantic import Field, StrictInt, field_validator
+
+from edge.endpoints.as_chat import validated_chat
+from edge.endpoints.chat import ChatCompletionRequest, ChatMessage
+from edge.endpoints.common import UINT32_MAX, OpenAIRequest, ParamError, ResponseModel
+from edge.endpoints.llm_common import Collected, RepetitionPenalty, Stop, Temperature, TopK, TopP, stop_list
+from edge.errors import OpenAIError
+from edge.sse import as_openai_error
+from edge.store import BoundedStore
+from tritongate.common.v1 import common_pb2
+from tritongate.llm.v1 import llm_pb2
+
+# LMDeploy's parameters under their chat names, for the errors of the chat rules.
+INTERACTIVE_PARAM = {"max_tokens": "request_output_len", "messages": "prompt"}
+_new_ids = itertools.count(1 << 40)  # ids for `session_id: -1`, above any a client is likely to pick
+
+
+class InteractiveRequest(OpenAIRequest):
+    """LMDeploy's GenerateRequest (what `APIClient.chat_interactive_v1` sends), and `model`, which may be
+    left out when the edge serves one LLM."""
+
+    prompt: str | list[ChatMessage]
+    session_id: StrictInt = -1
+    interactive_mode: bool = False
+    stream: bool = False
+    stop: Stop = None
+    request_output_len: Annotated[int, Field(ge=0, le=UINT32_MAX)] | None = None
+    top_p: TopP | None = None
+    top_k: TopK | None = None
+    temperature: Temperature | None = None
+    repetition_penalty: RepetitionPenalty | None = None
+    ignore_eos: bool = False
+    skip_special_tokens: bool | None = True
+    cancel: bool = False
+    seed: int | None = None
+    model: str | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, value: Any) -> list[str] | None:
+        return None if value is None else stop_list(value)
+
+    @property
+    def messages(self) -> list[dict[str, str]]:
+        if isinstance(self.prompt, str):
+            return [{"role": "user", "content": self.prompt}]
+        return [{"role": m.role, "content": m.content} for m in self.prompt]
+
+
+class InteractiveResponse(ResponseModel):
+    """The answer, or (streamed) one line of it."""
+
+    text: str
+    tokens: int
+    input_tokens: int
+    history_tokens: int
+    finish_reason: Literal["stop", "length", "error"] | None
+    session_id: int
+
+
+@dataclass
+class Session:
+    model: str
+    messages: list[dict[str, str]] = field(default_factory=list)
+    tokens: int = 0  # the conversation so far, as the model sees it
+    task: asyncio.Task[Any] | None = None  # the request in flight, which `cancel` stops
+    cancelled: bool = False  # `cancel` came for the request in flight
+    streaming: bool = False  # the request in flight is streamed
+
+
+class TurnCancelled(Exception):
+    """A streamed turn was cancelled (`cancel: true`)."""
+
+
+def ends_session(body: InteractiveRequest) -> bool:
+    """LMDeploy's client ends a session with an empty prompt and `interactive_mode: false`."""
+    return not body.interactive_mode and body.prompt == ""
+
+
+def session_for(body: InteractiveRequest, sessions: BoundedStore[Session], model: str, max_tokens: int
+                ) -> tuple[int, Session]:
+    """The request's session (a new one for an unknown id or -1), within the limits; ending a session
+    is always allowed."""
+    session_id = next(_new_ids) if body.session_id == -1 else body.session_id
+    session = sessions.get(str(session_id))
+    if ends_session(body):
+        return session_id, session or Session(model)
+    if session is None:
+        if sessions.full():
+            raise OpenAIError(429, f"Too many interactive sessions (at most {sessions.max_entries}); end one with "
+                                   "`interactive_mode: false`, or wait for idle ones to expire.", "session_id",
+                              "too_many_sessions")
+        session = Session(model)
+        sessions.put(str(session_id), session)  # from now on `cancel` finds it
+    elif session.model != model:
+        raise ParamError(f"Session {session_id} is a conversation with `{session.model}`, not `{model}`.", "model")
+    if session.tokens >= max_tokens:
+        raise ParamError(f"Session {session_id} holds {session.tokens} tokens, its budget is "
+                         f"{max_tokens}: end it with `interactive_mode: false` and start another.",
+                         "session_id", "session_too_long")
+    return session_id, session
+
+
+def cancel(body: InteractiveRequest, sessions: BoundedStore[Session]) -> dict[str, Any]:
+    """Stop the session's request in flight (its turn is not added to the session)."""
+    if body.session_id == -1:
+        raise ParamError("Set the `session_id` whose request to cancel.", "session_id")
+    session = sessions.get(str(body.session_id))
+    if session is not None and session.task is not None:
+        session.cancelled = True
+        if not session.streaming:  # a stream notices at its next piece of text
+            session.task.cancel()
+    return answer("", body.session_id)
+
+
+def to_chat(body: InteractiveRequest, session: Session) -> ChatCompletionRequest:
+    chat = {"model": session.model, "messages": [*session.messages, *body.messages],
+            "max_tokens": body.request_output_len, "temperature": body.temperature, "top_p": body.top_p,
+            "top_k": body.top_k, "repetition_penalty": body.repetition_penalty, "ignore_eos": body.ignore_eos,
+            "skip_special_tokens": body.skip_special_tokens, "stop": body.stop, "seed": body.seed,
+            "stream": body.stream}
+    return validated_chat(chat, INTERACTIVE_PARAM)
+
+
+def answer(text: str, session_id: int, finish_reason: str | None = "stop", tokens: int = 0, input_tokens: int = 0,
+           history_tokens: int = 0) -> dict[str, Any]:
+    return {"text": text, "tokens": tokens, "input_tokens": input_tokens, "history_tokens": history_tokens,
+            "finish_reason": finish_reason, "session_id": session_id}
+
+
+class Turn:
+    """One request of a session: its answer, whole or as lines, and the session afterwards."""
+
+    object = "interactive"
+    prefix = "interactive"
+
+    def __init__(self, body: InteractiveRequest, session_id: int, session: Session,
+                 sessions: BoundedStore[Session]) -> None:
+        self.body = body
+        self.session_id = session_id
+        self.session = session
+        self.sessions = sessions
+        self.history_tokens = session.tokens
+
+    def begin(self) -> None:
+        self.session.task = asyncio.current_task()
+        self.session.cancelled = False
+        self.session.streaming = self.body.stream
+
+    def finished(self, text: str, finish_reason: str, usage: common_pb2.Usage) -> dict[str, Any]:
+        """The last answer; the session keeps the exchange, or ends."""
+        key = str(self.session_id)
+        self.session.task = None
+        if self.body.interactive_mode:
+            self.session.messages += [*self.body.messages, {"role": "assistant", "content": text}]
+            self.session.tokens = usage.prompt_tokens + usage.completion_tokens
+            self.sessions.put(key, self.session)
+        else:
+            self.sessions.pop(key)
+        return answer(text, self.session_id, finish_reason, usage.completion_tokens,
+                      max(usage.prompt_tokens - self.history_tokens, 0), self.history_tokens)
+
+    def response(self, head: dict[str, Any], choices: list[Collected], usage: common_pb2.Usage) -> dict[str, Any]:
+        return self.finished(choices[0].text, choices[0].finish_reason, usage)
+
+    def lines(self, head: dict[str, Any]) -> TurnLines:
+        return TurnLines(self)
+
+
+def _line(payload: dict[str, Any]) -> bytes:
+    return orjson.dumps(payload) + b"\n"
+
+
+class TurnLines:
+    """The streamed answer: a line per piece of text (`tokens` counts the pieces so far), then a last
+    line with the finish reason and the exact counts."""
+
+    def __init__(self, turn: Turn) -> None:
+        self.turn = turn
+        self.parts: list[str] = []
+        self.finish_reason = "stop"
+        self.input_tokens = 0
+
+    def start(self, accepted: llm_pb2.Accepted) -> Iterable[bytes]:
+        self.input_tokens = max(accepted.prompt_tokens - self.turn.history_tokens, 0)
+        return ()
+
+    def delta(self, delta: llm_pb2.Delta) -> Iterable[bytes]:
+        if self.turn.session.cancelled:
+            raise TurnCancelled
+        self.parts.append(delta.text)
+        yield _line(answer(delta.text, self.turn.session_id, None, len(self.parts), self.input_tokens,
+                           self.turn.history_tokens))
+
+    def end(self, index: int, finish_reason: str) -> Iterable[bytes]:
+        self.finish_reason = finish_reason
+        return ()
+
+    def finish(self, usage: common_pb2.Usage) -> Iterable[bytes]:
+        last = self.turn.finished("".join(self.parts), self.finish_reason, usage)
+        yield _line({**last, "text": ""})  # the text came line by line
+
+
+async def _lines_or_error(lines: AsyncIterator[bytes], session_id: int) -> AsyncIterator[bytes]:
+    try:
+        async for line in lines:
+            yield line
+    except TurnCancelled:
+        yield _line(answer("", session_id))
+    except Exception as exc:  # after the status went out: the error is the last line
+        error = as_openai_error(exc)
+        yield _line({**answer("", session_id, "error"), **error.body()})
+
+
+def json_lines(session_id: int) -> Any:
+    """The `respond` of the generation path for a streamed turn: JSON lines, as LMDeploy writes them."""
+
+    def respond(lines: AsyncIterator[bytes], keepalive_s: float) -> Response:
+        return StreamingResponse(_lines_or_error(lines, session_id), media_type="application/x-ndjson")
+
+    return respond

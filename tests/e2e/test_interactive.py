@@ -1,0 +1,135 @@
+"""POST /v1/chat/interactive on the whole stack, with the request LMDeploy's `APIClient.chat_interactive_v1`
+sends and its way of reading the answer (JSON lines): history kept across turns, `interactive_mode: false`
+ending the session, cancel, and the session limits (on an edge of their own)."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from launcher.stack import LocalStack, http_ok
+from tests.support.ports import free_port, wait_until
+from tests.support.stack import spawn
+
+ECHO = "ft-echo"
+SLOW = "ft-echo-slow"
+
+
+def lmdeploy_payload(prompt: str, session_id: int, interactive_mode: bool, stream: bool = False,
+                     **kwargs: Any) -> dict[str, Any]:
+    """The body APIClient.chat_interactive_v1 posts, with its defaults (`model` goes in its kwargs)."""
+    return {"prompt": prompt, "image_url": None, "session_id": session_id, "interactive_mode": interactive_mode,
+            "stream": stream, "stop": None, "request_output_len": 6, "top_p": 0.8, "top_k": 40, "temperature": 0.8,
+            "repetition_penalty": 1.0, "ignore_eos": False, "skip_special_tokens": True, "adapter_name": None,
+            "model": ECHO, **kwargs}
+
+
+def lmdeploy_read(http: httpx.Client, body: dict[str, Any]) -> list[dict[str, Any]]:
+    """What APIClient yields: each non-empty line of the answer, as JSON."""
+    with http.stream("POST", "/v1/chat/interactive", json=body) as response:
+        assert response.status_code == 200, response.read()
+        return [json.loads(line) for line in response.read().split(b"\n") if line]
+
+
+def test_history_grows_by_each_turn_and_interactive_mode_false_ends_the_session(http: httpx.Client) -> None:
+    session = 1001
+    (first,) = lmdeploy_read(http, lmdeploy_payload("Hello there", session, True))
+    assert first["history_tokens"] == 0 and first["input_tokens"] > 0 and first["tokens"] == 6
+    assert first["finish_reason"] == "length" and first["text"]
+    (second,) = lmdeploy_read(http, lmdeploy_payload("And again", session, True))
+    assert second["history_tokens"] == first["history_tokens"] + first["input_tokens"] + first["tokens"]
+    lines = lmdeploy_read(http, lmdeploy_payload("Last one", session, False, stream=True))
+    assert len(lines) > 2 and lines[-1]["finish_reason"] == "length" and lines[-1]["text"] == ""
+    assert all(line["finish_reason"] is None and line["text"] for line in lines[:-1])
+    third = lines[-1]
+    assert third["history_tokens"] == second["history_tokens"] + second["input_tokens"] + second["tokens"]
+    # interactive_mode false answered after the history, then ended the session: the next turn starts afresh.
+    (fresh,) = lmdeploy_read(http, lmdeploy_payload("Hello there", session, True))
+    assert fresh["history_tokens"] == 0 and fresh["input_tokens"] == first["input_tokens"]
+    # LMDeploy's client ends a session with an empty prompt and interactive_mode false.
+    (ended,) = lmdeploy_read(http, lmdeploy_payload("", session, False, request_output_len=0))
+    assert ended["text"] == "" and ended["history_tokens"] == fresh["input_tokens"] + fresh["tokens"]
+
+
+def test_cancel_stops_the_request_in_flight(http: httpx.Client) -> None:
+    session = 1002
+    lines: list[dict[str, Any]] = []
+
+    def turn() -> None:
+        lines.extend(lmdeploy_read(http, lmdeploy_payload("tick tock", session, True, stream=True, model=SLOW,
+                                                          request_output_len=200)))
+
+    thread = threading.Thread(target=turn)
+    thread.start()
+    time.sleep(1.0)
+    cancelled = http.post("/v1/chat/interactive", json={"prompt": "", "session_id": session, "cancel": True})
+    assert cancelled.status_code == 200 and cancelled.json()["text"] == ""
+    thread.join(30)
+    assert not thread.is_alive() and lines and lines[-1]["finish_reason"] == "stop"
+    assert len(lines) < 100  # 200 tokens at the slow model's pace would take far longer
+
+
+BAD = [
+    ("session id not an integer", {"session_id": "abc"}, 400, "session_id"),
+    ("session id a float", {"session_id": 1.5}, 400, "session_id"),
+    ("no model while several LLMs are served", {"model": None}, 400, "model"),
+    ("unknown model", {"model": "no-such-model"}, 404, "model"),
+    ("negative output length", {"request_output_len": -1}, 400, "request_output_len"),
+    ("cancel without a session", {"cancel": True, "session_id": -1}, 400, "session_id"),
+]
+
+
+@pytest.mark.parametrize(("case", "change", "status", "param"), BAD, ids=[b[0] for b in BAD])
+def test_bad_input(http: httpx.Client, case: str, change: dict[str, Any], status: int, param: str) -> None:
+    response = http.post("/v1/chat/interactive", json={**lmdeploy_payload("hi", 7, True), **change})
+    assert response.status_code == status, response.text
+    assert response.json()["error"]["param"] == param
+
+
+@pytest.fixture(scope="module")
+def small_edge(stack: LocalStack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
+    """An edge on the stack's services with room for 2 sessions of at most 40 tokens."""
+    port = free_port()
+    address = stack.service_address
+    env = dict(os.environ, TRITONGATE_INTERACTIVE_MAX_SESSIONS="2", TRITONGATE_INTERACTIVE_MAX_SESSION_TOKENS="40")
+    log: Path = tmp_path_factory.mktemp("small-edge") / "edge.log"
+    process = spawn(["edge", "--port", str(port), f"--llm={address('llm')}", f"--embed={address('embed')}",
+                     f"--rerank={address('rerank')}"], env, log)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_until(lambda: http_ok(f"{url}/health"), 60, "the edge", process)
+        with httpx.Client(base_url=url, timeout=60) as client:
+            yield client
+    finally:
+        process.terminate()
+        process.wait(30)
+
+
+def test_a_session_over_its_token_budget_must_be_ended(small_edge: httpx.Client) -> None:
+    (first,) = lmdeploy_read(small_edge, lmdeploy_payload("one two three four", 1, True, request_output_len=40))
+    assert first["input_tokens"] + first["tokens"] >= 40
+    over = small_edge.post("/v1/chat/interactive", json=lmdeploy_payload("more", 1, True))
+    assert over.status_code == 400
+    error = over.json()["error"]
+    assert error["param"] == "session_id" and error["code"] == "session_too_long" and "40" in error["message"]
+    (ended,) = lmdeploy_read(small_edge, lmdeploy_payload("", 1, False, request_output_len=0))
+    assert ended["finish_reason"] == "stop"
+    (again,) = lmdeploy_read(small_edge, lmdeploy_payload("hi", 1, False))  # (and ended at once)
+    assert again["history_tokens"] == 0
+
+
+def test_too_many_sessions(small_edge: httpx.Client) -> None:
+    for session in (11, 12):
+        lmdeploy_read(small_edge, lmdeploy_payload("hi", session, True))
+    refused = small_edge.post("/v1/chat/interactive", json=lmdeploy_payload("hi", 13, True))
+    assert refused.status_code == 429 and refused.json()["error"]["code"] == "too_many_sessions"
+    lmdeploy_read(small_edge, lmdeploy_payload("", 11, False, request_output_len=0))  # end one: room again
+    assert small_edge.post("/v1/chat/interactive", json=lmdeploy_payload("hi", 13, True)).status_code == 200
