@@ -126,6 +126,14 @@ def build_parser() -> argparse.ArgumentParser:
     health.add_argument("target", help=f"edge, {', '.join(NAMES)} (on this host, at its configured port), "
                         "a gRPC address host:port, or an http(s):// URL")
     health.add_argument("--timeout", type=float, default=2.0, help="seconds to wait for the answer (default 2)")
+    chat = commands.add_parser("chat", help="chat in the console with tritongate or any OpenAI-compatible server")
+    chat.add_argument("--url", help="the server's OpenAI base URL (default: this host's edge, "
+                      "http://127.0.0.1:<edge port>/v1)")
+    chat.add_argument("--model", help="the model (default: the first one that generates)")
+    chat.add_argument("--system", default="", help="a system message")
+    chat.add_argument("--api-key", help="the API key (default: $OPENAI_API_KEY)")
+    chat.add_argument("--temperature", type=float)
+    chat.add_argument("--max-tokens", type=int)
     return parser
 
 
@@ -236,6 +244,17 @@ def _health(args: argparse.Namespace, settings: Settings) -> None:
     sys.exit(0 if healthy else 1)
 
 
+def _chat(args: argparse.Namespace, settings: Settings) -> None:
+    import os
+
+    from launcher.chat import run_chat
+
+    url = args.url or f"http://127.0.0.1:{settings.edge_port}/v1"
+    options = {name: value for name, value in (("temperature", args.temperature), ("max_tokens", args.max_tokens))
+               if value is not None}
+    run_chat(url, args.api_key or os.environ.get("OPENAI_API_KEY") or "none", args.model, args.system, options)
+
+
 def _up(args: argparse.Namespace, settings: Settings) -> None:
     from launcher.stack import run_stack
 
@@ -262,6 +281,7 @@ def main(argv: list[str] | None = None) -> None:
         "triton": lambda: _run_triton(args, settings),
         "models": lambda: _models(args, settings),
         "health": lambda: _health(args, settings),
+        "chat": lambda: _chat(args, settings),
         **{service.name: (lambda service=service: _run_service(service, settings))  # type: ignore[misc]
            for service in SERVICES},
     }
