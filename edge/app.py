@@ -12,7 +12,18 @@ from edge.auth import install_auth
 from edge.clients import ServiceClients
 from edge.errors import install_error_handlers
 from edge.limits import BodySizeLimit
-from edge.routers import chat, completions, embeddings, health, interactive, models, rerank, responses, tokenize
+from edge.routers import (
+    chat,
+    completions,
+    embeddings,
+    health,
+    interactive,
+    models,
+    playground,
+    rerank,
+    responses,
+    tokenize,
+)
 from edge.store import BoundedStore
 from edge.telemetry import install_metrics
 from tritongate.settings import Settings, get_settings
@@ -44,7 +55,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     install_error_handlers(app)
-    for module in (models, chat, completions, embeddings, rerank, responses, interactive, tokenize, health):
+    for module in (models, chat, completions, embeddings, rerank, responses, interactive, tokenize, health,
+                   playground):
         app.include_router(module.router)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     install_auth(app, settings)  # outside the body limit: a request without a key is refused unread

@@ -19,13 +19,14 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from edge.errors import OpenAIError
+from edge.routers.playground import PATHS as PLAYGROUND_PATHS
 from tritongate.config import ConfigError
 from tritongate.settings import Settings
 
 log = logging.getLogger(__name__)
 
 OPEN_PATHS = frozenset({"/health", "/health/live", "/health/ready", "/v1/health/live", "/v1/health/ready",
-                        "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
+                        "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"}) | PLAYGROUND_PATHS
 METRICS_PATH = "/metrics"
 SCHEME = "ApiKey"  # the OpenAPI security scheme, so that the docs' "Authorize" button works
 
