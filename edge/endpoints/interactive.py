@@ -79,6 +79,13 @@ class InteractiveResponse(ResponseModel):
     session_id: int
 
 
+# The answer, or with `stream: true` JSON lines of it (as /openapi.json declares them).
+RESPONSES: dict[int | str, dict[str, Any]] = {200: {
+    "model": InteractiveResponse,
+    "content": {"application/x-ndjson": {"schema": {"$ref": "#/components/schemas/InteractiveResponse"}}},
+    "description": "An InteractiveResponse, or with `stream: true` one InteractiveResponse a line"}}
+
+
 @dataclass
 class Session:
     model: str

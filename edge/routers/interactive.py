@@ -7,7 +7,7 @@ import asyncio
 import orjson
 from fastapi import Request, Response
 
-from edge.api_router import api_router, ok
+from edge.api_router import api_router
 from edge.clients import LlmClient
 from edge.deps import LlmDep, SessionsDep, SettingsDep
 from edge.endpoints import chat, interactive
@@ -28,7 +28,7 @@ def _json(payload: dict[str, object]) -> Response:
     return Response(orjson.dumps(payload), media_type="application/json")
 
 
-@router.post("/v1/chat/interactive", responses=ok(interactive.InteractiveResponse))
+@router.post("/v1/chat/interactive", responses=interactive.RESPONSES)
 async def chat_interactive(body: interactive.InteractiveRequest, request: Request, llm: LlmDep,
                            sessions: SessionsDep, settings: SettingsDep) -> Response:
     if body.cancel:

@@ -28,12 +28,16 @@ def _file(name: str) -> Response:
 
 @router.get("/playground")
 @router.get("/playground/")
+@router.get("/playground/index.html")
 async def playground() -> Response:
     return _file("index.html")
 
 
-@router.get("/playground/{name}")
-async def playground_file(name: str) -> Response:
-    if name not in TYPES:
-        return Response(status_code=404)
-    return _file(name)
+@router.get("/playground/playground.js")
+async def playground_script() -> Response:
+    return _file("playground.js")
+
+
+@router.get("/playground/playground.css")
+async def playground_style() -> Response:
+    return _file("playground.css")

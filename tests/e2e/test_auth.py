@@ -41,6 +41,13 @@ SAMPLES: dict[tuple[str, str], tuple[str, dict[str, Any] | None]] = {
     ("POST", "/v2/rerank"): ("/v2/rerank", RERANK),
     ("POST", "/rerank"): ("/rerank", RERANK),
     ("GET", "/metrics"): ("/metrics", None),
+    ("POST", "/v1/responses"): ("/v1/responses", {"model": "ft-echo", "input": "hi", "max_output_tokens": 2}),
+    # {stored} is a response this edge stored (see `stored_response`).
+    ("GET", "/v1/responses/{response_id}"): ("/v1/responses/{stored}", None),
+    ("POST", "/v1/chat/interactive"): ("/v1/chat/interactive", {
+        "model": "ft-echo", "prompt": "hi", "request_output_len": 2}),
+    ("POST", "/tokenize"): ("/tokenize", {"model": "ft-echo", "prompt": "hi"}),
+    ("POST", "/detokenize"): ("/detokenize", {"model": "ft-echo", "tokens": [1, 2]}),
 }
 
 
@@ -126,8 +133,10 @@ def test_every_route_but_the_open_ones_needs_one_of_the_keys(edges: dict[bool, E
     protected = sorted(route for route in table if route[1] not in open_paths)
     missing = [route for route in protected if route not in SAMPLES]
     assert not missing, f"protected routes without a sample request in this test: {missing}"
+    stored = call(edge, "POST", *SAMPLES[("POST", "/v1/responses")], KEYS[0]).json()["id"]
     for method, template in protected:
         path, body = SAMPLES[(method, template)]
+        path = path.replace("{stored}", stored)
         assert_unauthorized(call(edge, method, path, body, None))
         assert_unauthorized(call(edge, method, path, body, "wrong-key"))
         assert_unauthorized(call(edge, method, path, body, KEY_FROM_ENV[:-1]))
@@ -141,6 +150,8 @@ def test_health_and_the_docs_stay_open(edges: dict[bool, Edge]) -> None:
         assert httpx.get(f"{edge.url}/health", timeout=10).json()["status"] == "ok"
         assert httpx.get(f"{edge.url}/openapi.json", timeout=10).status_code == 200
         assert httpx.get(f"{edge.url}/docs", timeout=10).status_code == 200
+        for path in ("/playground", "/playground/playground.js", "/health/live", "/v1/health/ready"):
+            assert httpx.get(f"{edge.url}{path}", timeout=10).status_code == 200, path  # the page asks for the key
     assert httpx.get(f"{edges[False].url}/metrics", timeout=10).status_code == 200
     assert_unauthorized(httpx.get(f"{edges[True].url}/metrics", timeout=10))
 

@@ -40,14 +40,24 @@ REAL_MODELS = {
     "/v1/rerank": "minilm-rerank",
     "/v2/rerank": "minilm-rerank",
     "/rerank": "minilm-rerank",
+    "/v1/responses": "ft-echo",
+    "/v1/chat/interactive": "ft-echo",
+    "/tokenize": "ft-echo",
+    "/detokenize": "ft-echo",
 }
+# Each generation endpoint's cap on the tokens to generate.
+TOKEN_CAPS = {"/v1/chat/completions": ("max_tokens", "max_completion_tokens"), "/v1/completions": ("max_tokens",),
+              "/v1/responses": ("max_output_tokens",), "/v1/chat/interactive": ("request_output_len",)}
 MAX_GENERATED_TOKENS = 8
 ERROR_KEYS = {"message", "type", "param", "code"}
 
 # Every operation the edge documents; a new one must be added here (the first test checks).
 OPERATIONS = [("GET", "/v1/models"), ("GET", "/v1/models/{model_id}"), ("POST", "/v1/chat/completions"),
               ("POST", "/v1/completions"), ("POST", "/v1/embeddings"), ("POST", "/v1/rerank"),
-              ("POST", "/v2/rerank"), ("POST", "/rerank"), ("GET", "/health")]
+              ("POST", "/v2/rerank"), ("POST", "/rerank"), ("GET", "/health"), ("GET", "/health/ready"),
+              ("GET", "/v1/health/ready"), ("GET", "/health/live"), ("GET", "/v1/health/live"),
+              ("POST", "/v1/responses"), ("GET", "/v1/responses/{response_id}"), ("POST", "/v1/chat/interactive"),
+              ("POST", "/tokenize"), ("POST", "/detokenize")]
 MAX_EXAMPLES = 40  # per operation, valid and invalid requests together
 
 
@@ -76,11 +86,10 @@ def _with_real_model(case: schemathesis.Case) -> None:
     if model is None or not isinstance(case.body, dict):
         return
     body = {**_utf8(case.body), "model": model}
-    if "completions" in case.operation.path:
-        for key in ("max_tokens", "max_completion_tokens"):
-            value = body.get(key)
-            if not isinstance(value, int) or isinstance(value, bool) or MAX_GENERATED_TOKENS < value < 2**32:
-                body[key] = MAX_GENERATED_TOKENS  # larger ones stay: the edge must refuse them
+    for key in TOKEN_CAPS.get(case.operation.path, ()):
+        value = body.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or MAX_GENERATED_TOKENS < value < 2**32:
+            body[key] = MAX_GENERATED_TOKENS  # larger ones stay: the edge must refuse them
     case.body = body
 
 
@@ -145,6 +154,18 @@ def openai_success_shape(ctx: schemathesis.CheckContext, response: schemathesis.
         return None
     path, body = case.operation.path, _body(case)
     content_type = response.headers.get("content-type", [""])[0]
+    if content_type.startswith("application/x-ndjson"):
+        assert path == "/v1/chat/interactive" and body.get("stream") is True
+        lines = [json.loads(line) for line in response.content.split(b"\n") if line]
+        assert lines and lines[-1]["finish_reason"] in ("stop", "length"), lines[-1:]
+        return True
+    if content_type.startswith("text/event-stream") and path == "/v1/responses":
+        assert body.get("stream") is True
+        events = parse_events(response.content.decode())
+        assert events[-1].data == "[DONE]" and all(e.name != "error" for e in events), events[-2:]
+        for event in events[:-1]:
+            validate(json.loads(event.data), "ResponseStreamEvent")
+        return True
     if content_type.startswith("text/event-stream"):
         assert path in ("/v1/chat/completions", "/v1/completions") and body.get("stream") is True
         chunks = _stream_chunks(response)
@@ -177,8 +198,16 @@ def openai_success_shape(ctx: schemathesis.CheckContext, response: schemathesis.
         _rerank_results(payload["results"], body)
     elif path == "/rerank":
         _rerank_results(payload, body)
-    elif path == "/health":
+    elif path in ("/health", "/health/ready", "/v1/health/ready", "/health/live", "/v1/health/live"):
         assert payload["status"] == "ok"
+    elif path in ("/v1/responses", "/v1/responses/{response_id}"):
+        validate(payload, "Response")
+    elif path == "/v1/chat/interactive":
+        assert isinstance(payload["text"], str) and payload["finish_reason"] in ("stop", "length")
+    elif path == "/tokenize":
+        assert payload["count"] == len(payload["tokens"])
+    elif path == "/detokenize":
+        assert isinstance(payload["prompt"], str)
     else:
         raise AssertionError(f"no expectation for {path}")
     return True
