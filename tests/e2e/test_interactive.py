@@ -77,6 +77,22 @@ def test_cancel_stops_the_request_in_flight(http: httpx.Client) -> None:
     assert len(lines) < 100  # 200 tokens at the slow model's pace would take far longer
 
 
+def test_cancel_stops_a_request_that_is_not_streamed(http: httpx.Client) -> None:
+    session = 1003
+    answers: list[httpx.Response] = []
+    thread = threading.Thread(target=lambda: answers.append(http.post("/v1/chat/interactive", json=lmdeploy_payload(
+        "tick tock", session, True, model=SLOW, request_output_len=200))))
+    thread.start()
+    time.sleep(1.0)
+    assert http.post("/v1/chat/interactive", json={"prompt": "", "session_id": session, "cancel": True}).is_success
+    thread.join(30)
+    assert not thread.is_alive() and answers[0].status_code == 200
+    assert answers[0].json()["text"] == "" and answers[0].json()["finish_reason"] == "stop"
+    # The cancelled turn left the session as it was: empty.
+    (after,) = lmdeploy_read(http, lmdeploy_payload("hi", session, False, model=SLOW, request_output_len=1))
+    assert after["history_tokens"] == 0
+
+
 BAD = [
     ("session id not an integer", {"session_id": "abc"}, 400, "session_id"),
     ("session id a float", {"session_id": 1.5}, 400, "session_id"),
