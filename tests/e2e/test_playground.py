@@ -12,28 +12,36 @@ from typing import Any
 import httpx
 import pytest
 
-from launcher.stack import LocalStack
+from launcher.stack import LocalStack, http_ok
 from tests.support.browser import CHROMIUM_ARGS, chromium
+from tests.support.ports import free_port, wait_until
+from tests.support.stack import spawn
 
 SMOLLM2 = "smollm2-135m-instruct"
 EMBED = "all-minilm-l6-v2"
 RERANK = "minilm-rerank"
 ROOT = Path(__file__).resolve().parents[2]
+KEY = "playground-test-key-5b1e"
 SHOTS = Path(os.environ.get("TRITONGATE_TEST_OUTPUT", ROOT / "test-output")) / "playground"
 
 
 @pytest.fixture(scope="module")
-def page(stack: LocalStack) -> Iterator[Any]:
+def browser() -> Iterator[Any]:
     from playwright.sync_api import sync_playwright
 
     SHOTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=chromium(), headless=True, args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 900})
-        page.goto(f"{stack.edge_url}/playground")
-        page.wait_for_selector(f"#chat-model option[value='{SMOLLM2}']", state="attached")
-        yield page
-        browser.close()
+        launched = playwright.chromium.launch(executable_path=chromium(), headless=True, args=CHROMIUM_ARGS)
+        yield launched
+        launched.close()
+
+
+@pytest.fixture(scope="module")
+def page(browser: Any, stack: LocalStack) -> Any:
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    page.goto(f"{stack.edge_url}/playground")
+    page.wait_for_selector(f"#chat-model option[value='{SMOLLM2}']", state="attached")
+    return page
 
 
 def test_the_page_and_its_files_load_offline(http: httpx.Client) -> None:
@@ -87,3 +95,24 @@ def test_rerank_puts_the_answer_first(page: Any) -> None:
     ranking = page.locator("#ranking li").all_text_contents()
     page.screenshot(path=str(SHOTS / "rerank.png"), full_page=True)
     assert len(ranking) == 3 and "Paris is the capital" in ranking[0]
+
+
+def test_with_api_keys_the_page_asks_for_one(browser: Any, stack: LocalStack, tmp_path: Path) -> None:
+    port = free_port()
+    address = stack.service_address
+    edge = spawn(["edge", "--port", str(port), f"--llm={address('llm')}", f"--embed={address('embed')}",
+                  f"--rerank={address('rerank')}"], dict(os.environ, TRITONGATE_API_KEY=KEY), tmp_path / "edge.log")
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_until(lambda: http_ok(f"{url}/health"), 60, "an edge with keys", edge)
+        page = browser.new_page()
+        page.goto(f"{url}/playground")
+        page.wait_for_function("() => document.getElementById('status').textContent.startsWith('models:')")
+        assert "API key" in page.text_content("#status")  # the edge's 401 message, shown
+        page.fill("#api-key", KEY)
+        page.dispatch_event("#api-key", "change")
+        page.wait_for_selector(f"#chat-model option[value='{SMOLLM2}']", state="attached")
+        page.close()
+    finally:
+        edge.terminate()
+        edge.wait(30)
