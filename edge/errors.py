@@ -71,8 +71,8 @@ def model_not_found(model: str) -> OpenAIError:
 
 
 def from_grpc(error: grpc.aio.AioRpcError, service: str, retry_after_s: int = 1) -> OpenAIError:
-    """The one place a service failure becomes an HTTP error; an overloaded service's 429 says when to
-    retry (Retry-After)."""
+    """The one place a service failure becomes an HTTP error; an overloaded service's 429 and an
+    unavailable one's 503 (e.g. a model instance being restarted) say when to retry (Retry-After)."""
     code = error.code()
     status, type_, default_code = GRPC_TO_HTTP.get(code, _INTERNAL)
     pairs = cast("Iterable[tuple[str, str | bytes]]", error.trailing_metadata() or ())
@@ -83,7 +83,7 @@ def from_grpc(error: grpc.aio.AioRpcError, service: str, retry_after_s: int = 1)
     if status == 500:
         log.error("%s service failed: %s %s", service, code.name, error.details())
         message = f"The {service} service failed ({code.name}); see its log."
-    headers = {"Retry-After": str(retry_after_s)} if status == 429 else None
+    headers = {"Retry-After": str(retry_after_s)} if status in (429, 503) else None
     return OpenAIError(status, message, metadata.get(PARAM_KEY), metadata.get(CODE_KEY, default_code), type_,
                        headers)
 
