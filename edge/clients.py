@@ -13,13 +13,14 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import grpc
 
-from edge.errors import OpenAIError, bad_request, from_grpc, model_not_found
+from edge.coalesce import BatchCalls, Coalescer
+from edge.errors import OpenAIError, bad_request, from_grpc, from_item, model_not_found
 from edge.telemetry import TokenTimer, current
 from tritongate.common.v1 import common_pb2
 from tritongate.embed.v1 import embed_pb2
@@ -38,8 +39,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-R = TypeVar("R")
 C = TypeVar("C", bound="ServiceClient")
+# Calls in flight per model from one edge process before requests wait to travel together (edge/coalesce.py):
+# two keep a service busy while a batch is on the wire, and leave the batches large.
+CALLS_PER_MODEL = 2
 EOF_: Any = grpc.aio.EOF  # type: ignore[attr-defined]  # (missing from grpc-stubs)
 
 
@@ -109,31 +112,54 @@ class ServiceClient:
         await self.directory.route(model, self.service)
         current().model = model
 
-    async def _unary(self, method: Callable[..., Awaitable[R]], request: Any) -> R:
-        """Route `request.model`, make the call, map its failure, record its usage."""
+    def item_failure(self, error: common_pb2.ItemError) -> OpenAIError:
+        return from_item(error, self.service.name, self.retry_after_s)
+
+
+class EncoderClient(ServiceClient):
+    """A service of unary calls that the edge coalesces (edge/coalesce.py): embed and rerank."""
+
+    def __init__(self, channel: grpc.aio.Channel, directory: ModelDirectory, timeout: float,
+                 retry_after_s: int = 1, calls_per_model: int = CALLS_PER_MODEL) -> None:
+        super().__init__(channel, directory, timeout, retry_after_s)
+        self.coalescer = Coalescer(self.batch_calls(), timeout, calls_per_model)
+
+    def batch_calls(self) -> BatchCalls:
+        raise NotImplementedError
+
+    async def _unary(self, request: Any) -> Any:
+        """Route `request.model`, make the call (with others for the same model, when busy), map its
+        failure, record its usage."""
         await self._route_and_label(request.model)
-        try:
-            response = await method(request, timeout=self.timeout, metadata=request_metadata())
-        except grpc.aio.AioRpcError as exc:
-            raise self.failure(exc) from None
-        current().record_usage(response.usage)  # type: ignore[attr-defined]
+        response = await self.coalescer.call(request)
+        current().record_usage(response.usage)
         return response
 
 
-class EmbedClient(ServiceClient):
+class EmbedClient(EncoderClient):
     service = EMBED
     stub: EmbedServiceAsyncStub
 
+    def batch_calls(self) -> BatchCalls:
+        return BatchCalls(self.stub.Embed, self.stub.EmbedBatch, embed_pb2.EmbedBatchRequest,
+                          embed_pb2.EmbedBatchItem, self.failure, self.item_failure)
+
     async def embed(self, request: embed_pb2.EmbedRequest) -> embed_pb2.EmbedResponse:
-        return await self._unary(self.stub.Embed, request)
+        response: embed_pb2.EmbedResponse = await self._unary(request)
+        return response
 
 
-class RerankClient(ServiceClient):
+class RerankClient(EncoderClient):
     service = RERANK
     stub: RerankServiceAsyncStub
 
+    def batch_calls(self) -> BatchCalls:
+        return BatchCalls(self.stub.Rerank, self.stub.RerankBatch, rerank_pb2.RerankBatchRequest,
+                          rerank_pb2.RerankBatchItem, self.failure, self.item_failure)
+
     async def rerank(self, request: rerank_pb2.RerankRequest) -> rerank_pb2.RerankResponse:
-        return await self._unary(self.stub.Rerank, request)
+        response: rerank_pb2.RerankResponse = await self._unary(request)
+        return response
 
 
 class LlmClient(ServiceClient):

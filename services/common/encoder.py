@@ -172,6 +172,10 @@ class EncoderModel(ServedModel):
     def configured_output(self) -> str | None:
         raise NotImplementedError
 
+    def encode_many(self, requests: Sequence[Any]) -> Sequence[Any]:
+        """Tokenize the requests of a batch RPC together (services/common/batch.py)."""
+        raise NotImplementedError
+
     def check_token_ids(self, rows: Sequence[Sequence[int]], param: str) -> None:
         for i, ids in enumerate(rows):
             bad = next((t for t in ids if t >= self.vocab_size), None)

@@ -4,10 +4,17 @@ from __future__ import annotations
 
 import grpc
 
+from services.common.batch import serve_batch
 from services.common.errors import rpc
 from services.common.server import ListModelsServicer
 from services.embed.embedder import Embedder
+from tritongate.common.v1 import common_pb2
 from tritongate.embed.v1 import embed_pb2, embed_pb2_grpc
+
+
+async def _embed(model: Embedder, request: embed_pb2.EmbedRequest, timeout: float | None,
+                 encoded: list[list[int]] | None) -> embed_pb2.EmbedResponse:
+    return await model.embed(request, timeout, encoded)
 
 
 class EmbedServicer(ListModelsServicer[Embedder], embed_pb2_grpc.EmbedServiceServicer):
@@ -15,3 +22,11 @@ class EmbedServicer(ListModelsServicer[Embedder], embed_pb2_grpc.EmbedServiceSer
     async def Embed(self, request: embed_pb2.EmbedRequest, context: grpc.aio.ServicerContext
                     ) -> embed_pb2.EmbedResponse:
         return await self.models.get(request.model).embed(request, context.time_remaining())
+
+    @rpc
+    async def EmbedBatch(self, request: embed_pb2.EmbedBatchRequest, context: grpc.aio.ServicerContext
+                         ) -> embed_pb2.EmbedBatchResponse:
+        results = await serve_batch(self.models, request.items, self.admission, _embed)
+        return embed_pb2.EmbedBatchResponse(results=[
+            embed_pb2.EmbedBatchResult(error=r) if isinstance(r, common_pb2.ItemError)
+            else embed_pb2.EmbedBatchResult(response=r) for r in results])
