@@ -39,10 +39,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-C = TypeVar("C", bound="ServiceClient")
-# Calls in flight per model from one edge process before requests wait to travel together (edge/coalesce.py):
-# two keep a service busy while a batch is on the wire, and leave the batches large.
-CALLS_PER_MODEL = 2
+E = TypeVar("E", bound="EncoderClient")
 EOF_: Any = grpc.aio.EOF  # type: ignore[attr-defined]  # (missing from grpc-stubs)
 
 
@@ -120,7 +117,7 @@ class EncoderClient(ServiceClient):
     """A service of unary calls that the edge coalesces (edge/coalesce.py): embed and rerank."""
 
     def __init__(self, channel: grpc.aio.Channel, directory: ModelDirectory, timeout: float,
-                 retry_after_s: int = 1, calls_per_model: int = CALLS_PER_MODEL) -> None:
+                 retry_after_s: int = 1, calls_per_model: int = 2) -> None:
         super().__init__(channel, directory, timeout, retry_after_s)
         self.coalescer = Coalescer(self.batch_calls(), timeout, calls_per_model)
 
@@ -290,12 +287,15 @@ class ServiceClients:
         tls = client_tls(settings)
         directory = ModelDirectory(timeout=settings.list_models_timeout_s)
 
-        def client(kind: type[C], timeout: float) -> C:
-            channel = open_channel(settings.target(kind.service), kind.service, tls)
-            return kind(channel, directory, timeout, settings.retry_after_s)
+        def channel(kind: type[ServiceClient]) -> grpc.aio.Channel:
+            return open_channel(settings.target(kind.service), kind.service, tls)
 
-        return cls(directory, client(LlmClient, settings.request_timeout_s),
-                   client(EmbedClient, settings.unary_timeout_s), client(RerankClient, settings.unary_timeout_s))
+        def encoder(kind: type[E]) -> E:
+            return kind(channel(kind), directory, settings.unary_timeout_s, settings.retry_after_s,
+                        settings.calls_per_model)
+
+        return cls(directory, LlmClient(channel(LlmClient), directory, settings.request_timeout_s,
+                                        settings.retry_after_s), encoder(EmbedClient), encoder(RerankClient))
 
     @property
     def all(self) -> list[ServiceClient]:
