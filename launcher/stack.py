@@ -290,8 +290,10 @@ def run_stack(settings: Settings, fetch: bool = True, demo_llms: tuple[str, ...]
                        processes=processes or {})
     stopping = stop_on_signals()
     try:
-        layout = ", ".join(f"{name} ×{stack.count(name)}" for name in ("edge", *(s.name for s in needed_services(config))))
-        say(f"starting Triton and the services: {layout} (the first start loads the demo models: about a minute)")
+        components = ("edge", *(service.name for service in needed_services(config)))
+        layout = ", ".join(f"{stack.count(name)} {name}" for name in components)
+        say(f"starting Triton and the services ({layout} processes; the first start loads the demo models: "
+            "about a minute)")
         flags = [flag for flag, on in (("--verbose", settings.verbose), ("--log-json", settings.log_json)) if on]
         stack.start(stopping, tuple(flags))
         if not stopping():
