@@ -45,11 +45,14 @@ async def generate(request: Request, client: LlmClient, proto: llm_pb2.GenerateR
 
 async def _chunks(generation: Generation, accepted: llm_pb2.Accepted, shape: Shape, head: dict[str, Any],
                   include_usage: bool) -> AsyncIterator[bytes]:
-    """Stream chunks: openings, one chunk per delta, an empty one with each finish reason, usage."""
-    extra = {"usage": None} if include_usage else {}
+    """Stream chunks: openings, one chunk per delta, an empty one with each finish reason, usage. Every
+    chunk is the same head around one choice: the head is serialised once, each chunk adds its choice
+    (the bytes are those of `data_event({**head, "choices": [choice], "usage": None})`)."""
+    prefix = b"data: " + orjson.dumps(head)[:-1] + b',"choices":['
+    suffix = b'],"usage":null}\n\n' if include_usage else b"]}\n\n"
 
     def chunk(choice: dict[str, Any]) -> bytes:
-        return data_event({**head, "choices": [choice], **extra})
+        return prefix + orjson.dumps(choice) + suffix
 
     try:
         for index in range(accepted.choices):
