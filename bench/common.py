@@ -158,6 +158,8 @@ async def compare(size: int, concurrency: int, item: Callable[[int], str], direc
         row[name] = summarize(latencies, elapsed, size)
     row["throughput_ratio"] = ratio(row["edge"]["items_per_s"], row["direct_triton"]["items_per_s"])
     row["cpu_us_per_request"] = meter.per(row["edge"]["requests"])
+    if size > 1:  # per sentence or document
+        row["cpu_us_per_item"] = meter.per(row["edge"]["requests"] * size)
     row["added_p50_ms"] = round(row["edge"]["p50_ms"] - row["direct_triton"]["p50_ms"], 2)
     print(json.dumps(row), file=sys.stderr, flush=True)
     return row
