@@ -19,12 +19,15 @@ import grpc
 from services.common.admission import Admission
 from services.common.encoder import EncoderModel
 from services.common.errors import ServiceError
+from services.common.metrics import BATCHED
 from services.common.server import ModelSet
 from tritongate.common.v1 import common_pb2
 from tritongate.logs import NO_REQUEST, bind_request_id
 from tritongate.wire import OVERLOADED
 
 log = logging.getLogger(__name__)
+
+_CODE_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}  # a status code's number → its name
 
 Response = TypeVar("Response")
 M = TypeVar("M", bound=EncoderModel)
@@ -61,11 +64,13 @@ def encode_by_model(models: ModelSet[M], requests: Sequence[Any]) -> list[Any]:
     return encoded
 
 
-async def serve_batch(models: ModelSet[M], items: Sequence[Item], admission: Admission | None,
-                      serve: Callable[[M, Any, float | None, Any], Awaitable[Response]],
-                      ) -> list[Response | common_pb2.ItemError]:
-    """`serve(model, request, timeout, tokens)` for every item concurrently, the tokenization done for
-    all items of each model first; an answer or an error per item."""
+async def serve_batch(models: ModelSet[M], request: Any, admission: Admission | None,
+                      serve: Callable[[M, Any, float | None, Any], Awaitable[Any]], method: str,
+                      result: Callable[..., Any], response: Callable[..., Response]) -> Response:
+    """The answer to a batch RPC (`request.items`): `serve(model, request, timeout, tokens)` for every item
+    concurrently, the tokenization done for all items of each model first; each item's answer or error as
+    a `result(response=...)` or `result(error=...)` in `response(results=[...])`."""
+    items: Sequence[Item] = request.items
     encoded = encode_by_model(models, [item.request for item in items])
 
     async def one(position: int, item: Item) -> Any:
@@ -84,4 +89,10 @@ async def serve_batch(models: ModelSet[M], items: Sequence[Item], admission: Adm
             if admission is not None:
                 admission.leave()
 
-    return list(await asyncio.gather(*(one(i, item) for i, item in enumerate(items))))
+    outcomes = await asyncio.gather(*(one(i, item) for i, item in enumerate(items)))
+    results = []
+    for outcome in outcomes:
+        failed = isinstance(outcome, common_pb2.ItemError)
+        BATCHED.labels(method, _CODE_NAMES.get(outcome.code, "UNKNOWN") if failed else "OK").inc()
+        results.append(result(error=outcome) if failed else result(response=outcome))
+    return response(results=results)

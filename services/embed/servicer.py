@@ -8,7 +8,6 @@ from services.common.batch import serve_batch
 from services.common.errors import rpc
 from services.common.server import ListModelsServicer
 from services.embed.embedder import Embedder
-from tritongate.common.v1 import common_pb2
 from tritongate.embed.v1 import embed_pb2, embed_pb2_grpc
 
 
@@ -26,7 +25,5 @@ class EmbedServicer(ListModelsServicer[Embedder], embed_pb2_grpc.EmbedServiceSer
     @rpc
     async def EmbedBatch(self, request: embed_pb2.EmbedBatchRequest, context: grpc.aio.ServicerContext
                          ) -> embed_pb2.EmbedBatchResponse:
-        results = await serve_batch(self.models, request.items, self.admission, _embed)
-        return embed_pb2.EmbedBatchResponse(results=[
-            embed_pb2.EmbedBatchResult(error=r) if isinstance(r, common_pb2.ItemError)
-            else embed_pb2.EmbedBatchResult(response=r) for r in results])
+        return await serve_batch(self.models, request, self.admission, _embed, "EmbedBatch",
+                                 embed_pb2.EmbedBatchResult, embed_pb2.EmbedBatchResponse)

@@ -8,7 +8,6 @@ from services.common.batch import serve_batch
 from services.common.errors import rpc
 from services.common.server import ListModelsServicer
 from services.rerank.reranker import Encoded, Reranker
-from tritongate.common.v1 import common_pb2
 from tritongate.rerank.v1 import rerank_pb2, rerank_pb2_grpc
 
 
@@ -26,7 +25,5 @@ class RerankServicer(ListModelsServicer[Reranker], rerank_pb2_grpc.RerankService
     @rpc
     async def RerankBatch(self, request: rerank_pb2.RerankBatchRequest, context: grpc.aio.ServicerContext
                           ) -> rerank_pb2.RerankBatchResponse:
-        results = await serve_batch(self.models, request.items, self.admission, _rerank)
-        return rerank_pb2.RerankBatchResponse(results=[
-            rerank_pb2.RerankBatchResult(error=r) if isinstance(r, common_pb2.ItemError)
-            else rerank_pb2.RerankBatchResult(response=r) for r in results])
+        return await serve_batch(self.models, request, self.admission, _rerank, "RerankBatch",
+                                 rerank_pb2.RerankBatchResult, rerank_pb2.RerankBatchResponse)
