@@ -1,10 +1,17 @@
-"""Shared benchmark plumbing: a private stack on free ports, closed-loop load, latency statistics."""
+"""Shared benchmark plumbing: a private stack on free ports, closed-loop load, latency statistics, and the
+CPU each of the stack's processes spends per request (from /proc, so the same command reads right on a
+laptop and on a GPU server).
+
+Every benchmark takes `--edge-workers N` and `--replicas N` (service replicas), as `tritongate up
+--edge-workers N --<service>-replicas N` would run them; `--workers N` sets both, `auto` as `up` does.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
+import os
 import socket
 import statistics
 import sys
@@ -16,7 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from launcher.stack import LocalStack
+from launcher.workers import parse_workers
 from tritongate.settings import DEPLOY_DIR, Settings
+
+# Processes per component of the benchmarks' stacks (bench_main sets them from the command line).
+PROCESSES = {"edge": 1, "services": 1}
+_STACKS: list[LocalStack] = []  # the running private stack, for the CPU accounting of `compare`
 
 
 def free_port() -> int:
@@ -47,8 +59,49 @@ def private_stack(sections: dict[str, list[dict[str, Any]]], triton_models: list
             edge_port=free_port(), llm_port=free_port(), embed_port=free_port(), rerank_port=free_port(),
             uvicorn_log_level="warning",
         )
-        with LocalStack(settings, log_dir=root / "logs") as stack:
-            yield stack
+        processes = {"edge": PROCESSES["edge"], **{name: PROCESSES["services"] for name in sections_services(sections)}}
+        with LocalStack(settings, log_dir=root / "logs", processes=processes) as stack:
+            _STACKS.append(stack)
+            try:
+                yield stack
+            finally:
+                _STACKS.remove(stack)
+
+
+def sections_services(sections: dict[str, list[dict[str, Any]]]) -> list[str]:
+    from tritongate.registry import SERVICES
+
+    return [service.name for service in SERVICES if sections.get(service.section)]
+
+
+def process_cpu(pid: int) -> float:
+    """User + system seconds of a process, all its threads."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuMeter:
+    """CPU of the running stack's edge and service processes (Triton's excluded) over a measurement:
+    `start()`, then `per(count)` gives microseconds per request (or token) for each process and summed
+    per component (`edge`, the service) and in all (`gateway`)."""
+
+    def __init__(self) -> None:
+        self.pids = {label: process.pid for label, process in _STACKS[-1].children} if _STACKS else {}
+        self.before: dict[str, float] = {}
+
+    def start(self) -> None:
+        self.before = {label: process_cpu(pid) for label, pid in self.pids.items()}
+
+    def per(self, count: int) -> dict[str, float]:
+        if not self.pids or not count:
+            return {}
+        spent = {label: process_cpu(pid) - self.before[label] for label, pid in self.pids.items()}
+        result = {label: round(seconds / count * 1e6, 1) for label, seconds in spent.items()}
+        for component in dict.fromkeys(label.split("-")[0] for label in spent):
+            total = sum(seconds for label, seconds in spent.items() if label.split("-")[0] == component)
+            result[f"{component}_total"] = round(total / count * 1e6, 1)
+        result["gateway"] = round(sum(spent.values()) / count * 1e6, 1)
+        return result
 
 
 def summarize(latencies: list[float], elapsed: float, items_per_request: int) -> dict[str, float]:
@@ -63,10 +116,12 @@ def summarize(latencies: list[float], elapsed: float, items_per_request: int) ->
 
 
 async def closed_loop(call: Callable[[int], Awaitable[None]], concurrency: int, seconds: float,
-                      warmup: int = 10) -> tuple[list[float], float]:
-    """`concurrency` workers each send one request after another for `seconds`; returns latencies."""
+                      warmup: int = 10, started: Callable[[], None] = lambda: None) -> tuple[list[float], float]:
+    """`concurrency` workers each send one request after another for `seconds` (after `warmup` requests,
+    then `started()`); returns latencies."""
     for i in range(warmup):
         await call(i)
+    started()
     latencies: list[float] = []
     deadline = time.perf_counter() + seconds
     counter = iter(range(10**9))
@@ -94,13 +149,17 @@ async def compare(size: int, concurrency: int, item: Callable[[int], str], direc
     """One point: the same closed-loop load straight to Triton, then through the edge, and the ratios.
     Request i carries `size` inputs: item(i * size), item(i * size + 1), ..."""
     row: dict[str, Any] = {"items_per_request": size, "concurrency": concurrency}
+    meter = CpuMeter()
     for name, path in (("direct_triton", direct), ("edge", edge)):
         async def call(i: int, path: Path_ = path) -> None:
             await path([item(i * size + k) for k in range(size)])
 
-        latencies, elapsed = await closed_loop(call, concurrency, seconds, warmup)
+        latencies, elapsed = await closed_loop(call, concurrency, seconds, warmup, meter.start)
         row[name] = summarize(latencies, elapsed, size)
     row["throughput_ratio"] = ratio(row["edge"]["items_per_s"], row["direct_triton"]["items_per_s"])
+    row["cpu_us_per_request"] = meter.per(row["edge"]["requests"])
+    if size > 1:  # per sentence or document
+        row["cpu_us_per_item"] = meter.per(row["edge"]["requests"] * size)
     row["added_p50_ms"] = round(row["edge"]["p50_ms"] - row["direct_triton"]["p50_ms"], 2)
     print(json.dumps(row), file=sys.stderr, flush=True)
     return row
@@ -110,4 +169,11 @@ def bench_main(doc: str | None, run: Callable[[float], Coroutine[Any, Any, dict[
     """The benchmarks' command line: `--seconds`, JSON on stdout, progress on stderr."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=10.0, help="measured time per point and path")
-    print(json.dumps(asyncio.run(run(parser.parse_args().seconds)), indent=2))
+    parser.add_argument("--workers", type=parse_workers, default=1, metavar="N|auto",
+                        help="edge workers and service replicas (default 1)")
+    parser.add_argument("--edge-workers", type=parse_workers, metavar="N|auto", help="edge workers")
+    parser.add_argument("--replicas", type=parse_workers, metavar="N|auto", help="replicas of the service")
+    args = parser.parse_args()
+    PROCESSES.update(edge=args.edge_workers or args.workers, services=args.replicas or args.workers)
+    result = asyncio.run(run(args.seconds))
+    print(json.dumps({**result, "processes": dict(PROCESSES), "cores": os.cpu_count()}, indent=2))

@@ -11,7 +11,6 @@ CPU times come from /proc (whole process, all threads) and time.thread_time (the
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
 import sys
 import time
@@ -25,7 +24,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import bench_main, free_port, private_stack
+from bench.common import CpuMeter, bench_main, free_port, private_stack, process_cpu
 from tritongate.settings import default_models_dir
 
 MODEL = "all-minilm-l6-v2"
@@ -54,12 +53,6 @@ async def main():
     await server.wait_for_termination()
 uvloop.run(main())
 """
-
-
-def process_cpu(pid: int) -> float:
-    """User + system seconds of a process, all its threads."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def per_request_us(seconds: float, requests: int) -> float:
@@ -138,7 +131,6 @@ async def gateway(seconds: float) -> list[dict[str, Any]]:
              "output_name": "sentence_embedding"}
     rows = []
     with private_stack({"embedding": [entry]}, [MODEL]) as stack:
-        pids = {name: process.pid for name, process in stack.children}
         async with aiohttp.ClientSession(stack.edge_url) as http:
             async def send(i: int) -> None:
                 body = {"model": MODEL, "input": [f"The river flooded the valley on day {i}."],
@@ -150,7 +142,8 @@ async def gateway(seconds: float) -> list[dict[str, Any]]:
             for concurrency in (1, 32):
                 for i in range(50):
                     await send(i)
-                before = {name: process_cpu(pid) for name, pid in pids.items()}
+                meter = CpuMeter()
+                meter.start()
                 done = 0
                 deadline = time.perf_counter() + seconds
 
@@ -161,9 +154,8 @@ async def gateway(seconds: float) -> list[dict[str, Any]]:
                         done += 1
 
                 await asyncio.gather(*(worker() for _ in range(concurrency)))
-                row: dict[str, Any] = {"concurrency": concurrency, "requests_per_s": round(done / seconds, 1)}
-                for name, pid in pids.items():
-                    row[f"{name}_cpu_us"] = per_request_us(process_cpu(pid) - before[name], done)
+                row: dict[str, Any] = {"concurrency": concurrency, "requests_per_s": round(done / seconds, 1),
+                                       "cpu_us_per_request": meter.per(done)}
                 print(row, file=sys.stderr, flush=True)
                 rows.append(row)
     return rows

@@ -36,7 +36,7 @@ from tritonclient.grpc.aio import InferenceServerClient
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import bench_main, private_stack, ratio
+from bench.common import CpuMeter, bench_main, private_stack, ratio
 from services.common.triton import make_input
 from tritongate.settings import default_models_dir
 
@@ -173,11 +173,14 @@ async def run(seconds: float) -> dict[str, Any]:
         results = []
         for model, concurrency in POINTS:
             row: dict[str, Any] = {"model": model, "streams": concurrency, "max_tokens": MAX_TOKENS[model]}
+            meter = CpuMeter()
             for name, stream in (("direct_triton", direct_stream(triton, tokenizer, model)),
                                  ("edge", edge_stream(http, tokenizer, model))):
                 await measure(stream, 1, 1.0)  # warm up
+                meter.start()
                 row[name] = await measure(stream, concurrency, seconds)
                 await asyncio.sleep(1.0)  # let cancelled requests drain out of the model
+            row["cpu_us_per_token"] = meter.per(int(row["edge"]["tokens_per_s"] * seconds))
             row["tokens_per_s_ratio"] = ratio(row["edge"]["tokens_per_s"], row["direct_triton"]["tokens_per_s"])
             if row["edge"]["ttft_p50_ms"] is not None and row["direct_triton"]["ttft_p50_ms"] is not None:
                 row["added_ttft_p50_ms"] = round(row["edge"]["ttft_p50_ms"] - row["direct_triton"]["ttft_p50_ms"], 2)

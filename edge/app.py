@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI
 
@@ -31,6 +33,12 @@ from tritongate.tls import client_tls
 
 log = logging.getLogger(__name__)
 
+# FastAPI's own OpenTelemetry layer (newer releases) asks on every request whether a provider is set: the
+# edge has its metrics (edge/telemetry.py) and its tracing (TRITONGATE_OTEL, tritongate/tracing.py), so off.
+_NO_NATIVE_TELEMETRY: dict[str, Any] = (
+    {"telemetry": {"tracing": False, "metrics": False, "logs": False}}
+    if "telemetry" in inspect.signature(FastAPI.__init__).parameters else {})
+
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
@@ -53,6 +61,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         summary="OpenAI-compatible API for models served by NVIDIA Triton Inference Server",
         version="0.1.0",
         lifespan=lifespan,
+        **_NO_NATIVE_TELEMETRY,
     )
     install_error_handlers(app)
     for module in (models, chat, completions, embeddings, rerank, responses, interactive, tokenize, health,

@@ -20,18 +20,28 @@ T = TypeVar("T")
 
 
 async def until_disconnected(request: Request, work: Awaitable[T]) -> T:
-    """`work`, cancelled if the client disconnects first (then a 499 nobody reads)."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_disconnected(request))
-    try:
-        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-        if not task.done():
+    """`work`, cancelled if the client disconnects first (then a 499 nobody reads). The work runs in the
+    request's own task (no task and no wait set per request); a watcher cancels that task on disconnect."""
+    task = asyncio.current_task()
+    assert task is not None
+    waiting = True
+
+    def disconnected(watcher: asyncio.Future[None]) -> None:
+        if waiting and not watcher.cancelled():
             task.cancel()
-    if not task.done() or task.cancelled():
-        raise OpenAIError(499, "The client closed the request.", code="cancelled")
-    return task.result()
+
+    watcher = asyncio.ensure_future(_disconnected(request))
+    watcher.add_done_callback(disconnected)
+    try:
+        return await work
+    except asyncio.CancelledError:
+        if watcher.done() and not watcher.cancelled():
+            task.uncancel()  # the cancellation was ours: it ends here, as a 499
+            raise OpenAIError(499, "The client closed the request.", code="cancelled") from None
+        raise
+    finally:
+        waiting = False
+        watcher.cancel()
 
 
 async def _disconnected(request: Request) -> None:

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import grpc
 
-from edge.errors import OpenAIError, bad_request, from_grpc, model_not_found
+from edge.coalesce import BatchCalls, Coalescer
+from edge.errors import OpenAIError, bad_request, from_grpc, from_item, model_not_found
 from edge.telemetry import TokenTimer, current
 from tritongate.common.v1 import common_pb2, tokenizer_pb2, tokenizer_pb2_grpc
 from tritongate.embed.v1 import embed_pb2
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 R = TypeVar("R")
-C = TypeVar("C", bound="ServiceClient")
+E = TypeVar("E", bound="EncoderClient")
 EOF_: Any = grpc.aio.EOF  # type: ignore[attr-defined]  # (missing from grpc-stubs)
 
 
@@ -118,11 +119,8 @@ class ServiceClient:
         except grpc.aio.AioRpcError as exc:
             raise self.failure(exc) from None
 
-    async def _unary(self, method: Callable[..., Awaitable[R]], request: Any) -> R:
-        """`_call`, recording the usage."""
-        response = await self._call(method, request)
-        current().record_usage(response.usage)  # type: ignore[attr-defined]
-        return response
+    def item_failure(self, error: common_pb2.ItemError) -> OpenAIError:
+        return from_item(error, self.service.name, self.retry_after_s)
 
     async def tokenize(self, request: tokenizer_pb2.TokenizeRequest) -> tokenizer_pb2.TokenizeResponse:
         return await self._call(self.tokenizer.Tokenize, request)
@@ -131,20 +129,50 @@ class ServiceClient:
         return await self._call(self.tokenizer.Detokenize, request)
 
 
-class EmbedClient(ServiceClient):
+class EncoderClient(ServiceClient):
+    """A service of unary calls that the edge coalesces (edge/coalesce.py): embed and rerank."""
+
+    def __init__(self, channel: grpc.aio.Channel, directory: ModelDirectory, timeout: float,
+                 retry_after_s: int = 1, calls_per_model: int = 2) -> None:
+        super().__init__(channel, directory, timeout, retry_after_s)
+        self.coalescer = Coalescer(self.batch_calls(), timeout, calls_per_model)
+
+    def batch_calls(self) -> BatchCalls:
+        raise NotImplementedError
+
+    async def _unary(self, request: Any) -> Any:
+        """Route `request.model`, make the call (with others for the same model, when busy), map its
+        failure, record its usage."""
+        await self._route_and_label(request.model)
+        response = await self.coalescer.call(request)
+        current().record_usage(response.usage)
+        return response
+
+
+class EmbedClient(EncoderClient):
     service = EMBED
     stub: EmbedServiceAsyncStub
 
+    def batch_calls(self) -> BatchCalls:
+        return BatchCalls(self.stub.Embed, self.stub.EmbedBatch, embed_pb2.EmbedBatchRequest,
+                          embed_pb2.EmbedBatchItem, self.failure, self.item_failure)
+
     async def embed(self, request: embed_pb2.EmbedRequest) -> embed_pb2.EmbedResponse:
-        return await self._unary(self.stub.Embed, request)
+        response: embed_pb2.EmbedResponse = await self._unary(request)
+        return response
 
 
-class RerankClient(ServiceClient):
+class RerankClient(EncoderClient):
     service = RERANK
     stub: RerankServiceAsyncStub
 
+    def batch_calls(self) -> BatchCalls:
+        return BatchCalls(self.stub.Rerank, self.stub.RerankBatch, rerank_pb2.RerankBatchRequest,
+                          rerank_pb2.RerankBatchItem, self.failure, self.item_failure)
+
     async def rerank(self, request: rerank_pb2.RerankRequest) -> rerank_pb2.RerankResponse:
-        return await self._unary(self.stub.Rerank, request)
+        response: rerank_pb2.RerankResponse = await self._unary(request)
+        return response
 
 
 class LlmClient(ServiceClient):
@@ -275,12 +303,15 @@ class ServiceClients:
         tls = client_tls(settings)
         directory = ModelDirectory(timeout=settings.list_models_timeout_s)
 
-        def client(kind: type[C], timeout: float) -> C:
-            channel = open_channel(settings.target(kind.service), kind.service, tls)
-            return kind(channel, directory, timeout, settings.retry_after_s)
+        def channel(kind: type[ServiceClient]) -> grpc.aio.Channel:
+            return open_channel(settings.target(kind.service), kind.service, tls)
 
-        return cls(directory, client(LlmClient, settings.request_timeout_s),
-                   client(EmbedClient, settings.unary_timeout_s), client(RerankClient, settings.unary_timeout_s))
+        def encoder(kind: type[E]) -> E:
+            return kind(channel(kind), directory, settings.unary_timeout_s, settings.retry_after_s,
+                        settings.calls_per_model)
+
+        return cls(directory, LlmClient(channel(LlmClient), directory, settings.request_timeout_s,
+                                        settings.retry_after_s), encoder(EmbedClient), encoder(RerankClient))
 
     @property
     def all(self) -> list[ServiceClient]:

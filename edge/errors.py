@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from edge.endpoints.common import ParamError
+from tritongate.common.v1 import common_pb2
 from tritongate.logs import REQUEST_ID
 from tritongate.wire import CODE_KEY, PARAM_KEY, REQUEST_ID_KEY
 
@@ -38,6 +39,7 @@ GRPC_TO_HTTP: dict[grpc.StatusCode, tuple[int, str, str | None]] = {
     grpc.StatusCode.CANCELLED: (499, "invalid_request_error", "cancelled"),
 }
 _INTERNAL = (500, "server_error", None)
+_CODES = {code.value[0]: code for code in grpc.StatusCode}  # a status code's number → the code
 _HTTP_TYPES = {401: "authentication_error", 403: "permission_error", 404: "invalid_request_error",
                429: "rate_limit_error"}
 
@@ -71,19 +73,31 @@ def model_not_found(model: str) -> OpenAIError:
 
 
 def from_grpc(error: grpc.aio.AioRpcError, service: str, retry_after_s: int = 1) -> OpenAIError:
-    """The one place a service failure becomes an HTTP error; an overloaded service's 429 says when to
-    retry (Retry-After)."""
-    code = error.code()
-    status, type_, default_code = GRPC_TO_HTTP.get(code, _INTERNAL)
+    """The one place a failed service call becomes an HTTP error (see `from_status`)."""
     pairs = cast("Iterable[tuple[str, str | bytes]]", error.trailing_metadata() or ())
     metadata = {key: value for key, value in pairs if isinstance(value, str)}
-    message = error.details() or code.name.lower()
+    return from_status(error.code(), error.details() or "", metadata, service, retry_after_s)
+
+
+def from_item(error: common_pb2.ItemError, service: str, retry_after_s: int = 1) -> OpenAIError:
+    """A failed item of a batch call (edge/coalesce.py), as the same failed unary call would be."""
+    metadata = {key: value for key, value in ((PARAM_KEY, error.param), (CODE_KEY, error.error_code)) if value}
+    return from_status(_CODES.get(error.code, grpc.StatusCode.UNKNOWN), error.message, metadata, service,
+                       retry_after_s)
+
+
+def from_status(code: grpc.StatusCode, details: str, metadata: dict[str, str], service: str,
+                retry_after_s: int = 1) -> OpenAIError:
+    """A service's gRPC status as an HTTP error; an overloaded service's 429 and an unavailable one's 503
+    (e.g. a model instance being restarted) say when to retry (Retry-After)."""
+    status, type_, default_code = GRPC_TO_HTTP.get(code, _INTERNAL)
+    message = details or code.name.lower()
     if code == grpc.StatusCode.UNAVAILABLE and not metadata:
         message = f"The {service} service is unavailable; try again shortly."
     if status == 500:
-        log.error("%s service failed: %s %s", service, code.name, error.details())
+        log.error("%s service failed: %s %s", service, code.name, details)
         message = f"The {service} service failed ({code.name}); see its log."
-    headers = {"Retry-After": str(retry_after_s)} if status == 429 else None
+    headers = {"Retry-After": str(retry_after_s)} if status in (429, 503) else None
     return OpenAIError(status, message, metadata.get(PARAM_KEY), metadata.get(CODE_KEY, default_code), type_,
                        headers)
 

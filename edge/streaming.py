@@ -60,10 +60,13 @@ class ChunkFraming:
         self.shape = shape
         self.head = head
         self.include_usage = include_usage
-        self.extra = {"usage": None} if include_usage else {}
+        # Every chunk is the same head around one choice: the head is serialised once, each chunk adds its
+        # choice (the bytes are those of `data_event({**head, "choices": [choice], "usage": None})`).
+        self.prefix = b"data: " + orjson.dumps(head)[:-1] + b',"choices":['
+        self.suffix = b'],"usage":null}\n\n' if include_usage else b"]}\n\n"
 
     def _chunk(self, choice: dict[str, Any]) -> bytes:
-        return data_event({**self.head, "choices": [choice], **self.extra})
+        return self.prefix + orjson.dumps(choice) + self.suffix
 
     def start(self, accepted: llm_pb2.Accepted) -> Iterable[bytes]:
         for index in range(accepted.choices):

@@ -14,12 +14,21 @@ they make, in one place.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from contextvars import ContextVar
 from dataclasses import dataclass
 
 from fastapi import FastAPI
-from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    multiprocess,
+)
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -33,7 +42,8 @@ REQUESTS = Counter("http_requests_total", "HTTP requests answered, by route temp
                    ("method", "route", "model", "status"))
 LATENCY = Histogram("http_request_duration_seconds", "Time from a request to the last byte of its response.",
                     ("method", "route", "model"), buckets=_SECONDS)
-IN_PROGRESS = Gauge("http_requests_in_progress", "HTTP requests being answered now.", ("method",))
+IN_PROGRESS = Gauge("http_requests_in_progress", "HTTP requests being answered now.", ("method",),
+                    multiprocess_mode="livesum")  # with several edge workers: the sum over the live ones
 TTFT = Histogram("tritongate_time_to_first_token_seconds",
                  "Time from a generation request's arrival to its first generated text.", ("model",),
                  buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 10, 30, 60))
@@ -159,8 +169,20 @@ def _or_dash(value: int | None) -> str:
     return "-" if value is None else str(value)
 
 
+def _registry() -> CollectorRegistry | None:
+    """With several edge workers (PROMETHEUS_MULTIPROC_DIR set, launcher/workers.py), every worker's
+    metrics, summed; else this process's."""
+    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        return None
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry)
+    return registry
+
+
 async def metrics(request: Request) -> Response:
-    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+    registry = _registry()
+    return Response(generate_latest() if registry is None else generate_latest(registry),
+                    media_type=CONTENT_TYPE_LATEST)
 
 
 def install_metrics(app: FastAPI) -> None:

@@ -19,10 +19,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from launcher.workers import AUTO
 from tritongate.config import ConfigError
 from tritongate.logs import configure_logging
 from tritongate.registry import BY_NAME, NAMES, SERVICES, ServiceInfo
-from tritongate.settings import Settings, env_var, port_field, target_field
+from tritongate.settings import CORES_PER_PROCESS, Settings, env_var, port_field, target_field
 
 log = logging.getLogger("tritongate")
 
@@ -66,6 +67,16 @@ def _demo_llm(parser: argparse.ArgumentParser) -> None:
                         "vllm, or all; comma-separated or repeated")
 
 
+def _workers(value: str) -> int | str:
+    from launcher.workers import parse_workers
+
+    try:
+        parse_workers(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tritongate", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -76,6 +87,13 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--port", type=int, help="edge port (default 5100)")
     up.add_argument("--uvicorn-log-level", choices=UVICORN_LEVELS)
     up.add_argument("--no-fetch", action="store_true", help="do not download missing demo models")
+    up.add_argument("--workers", type=_workers, default=AUTO, metavar="N",
+                    help="processes per component: edge workers and replicas of each service (default auto: "
+                    f"one per {CORES_PER_PROCESS} cores, at least 1; 1 = one process each)")
+    up.add_argument("--edge-workers", type=_workers, metavar="N", help="edge workers (default: --workers)")
+    for service in SERVICES:
+        up.add_argument(f"--{service.name}-replicas", type=_workers, metavar="N",
+                        help=f"replicas of the {service.name} service (default: --workers)")
     _demo_llm(up)
     _config_file(up)
     _api_keys(up)
@@ -85,6 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
     edge.add_argument("--host", help="listen address (default 127.0.0.1; $TRITONGATE_EDGE_HOST)")
     edge.add_argument("--port", type=int, help="listen port (default 5100; $TRITONGATE_EDGE_PORT)")
     edge.add_argument("--uvicorn-log-level", choices=UVICORN_LEVELS)
+    edge.add_argument("--workers", type=_workers, metavar="N", help="edge processes sharing the port (default 1; "
+                      "$TRITONGATE_EDGE_WORKERS; auto: one per 4 cores)")
+    edge.add_argument("--shared-port", action="store_true", help=argparse.SUPPRESS)  # one of several workers
     for service in SERVICES:
         edge.add_argument(f"--{service.name}", metavar="TARGET",
                           help=f"gRPC target of the {service.name} service, e.g. dns:///{service.name}:"
@@ -159,6 +180,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
         if args.api_key_file:
             overrides["api_key_file"] = args.api_key_file
     if command == "edge":
+        if args.workers is not None:
+            overrides["edge_workers"] = _count(args.workers)
         for service in SERVICES:
             target = getattr(args, service.name)
             if target:
@@ -189,9 +212,19 @@ def _run_service(service: ServiceInfo, settings: Settings) -> None:
     uvloop.run(run_service(service, settings))
 
 
-def _run_edge(settings: Settings) -> None:
+def _count(workers: str) -> int:
+    from launcher.workers import parse_workers
+
+    return parse_workers(workers)
+
+
+def _run_edge(args: argparse.Namespace, argv: list[str], settings: Settings) -> None:
     import uvicorn
 
+    from launcher.workers import run_edge_workers, shared_port_socket
+
+    if settings.edge_workers > 1 and not args.shared_port:
+        sys.exit(run_edge_workers(argv, settings.edge_workers))
     from edge.app import create_app
 
     # uvicorn drains on SIGTERM, then raises it again: exit 0 then (a clean stop), as the services do.
@@ -202,9 +235,11 @@ def _run_edge(settings: Settings) -> None:
         from tritongate.tracing import instrument_app
 
         instrument_app(app)
-    uvicorn.run(app, host=settings.edge_host, port=settings.edge_port,
-                log_level=settings.uvicorn_log_level, timeout_graceful_shutdown=int(settings.shutdown_grace_s),
-                log_config=None, access_log=False)
+    config = uvicorn.Config(app, host=settings.edge_host, port=settings.edge_port,
+                            log_level=settings.uvicorn_log_level,
+                            timeout_graceful_shutdown=int(settings.shutdown_grace_s), log_config=None, access_log=False)
+    sockets = [shared_port_socket(settings.edge_host, settings.edge_port)] if args.shared_port else None
+    uvicorn.Server(config).run(sockets=sockets)
 
 
 def _demo_llms(args: argparse.Namespace) -> tuple[str, ...]:
@@ -258,10 +293,16 @@ def _chat(args: argparse.Namespace, settings: Settings) -> None:
 def _up(args: argparse.Namespace, settings: Settings) -> None:
     from launcher.stack import run_stack
 
-    sys.exit(run_stack(settings, fetch=not args.no_fetch, demo_llms=_demo_llms(args)))
+    default = _count(args.workers)
+    processes = {"edge": _count(args.edge_workers) if args.edge_workers else default}
+    for service in SERVICES:
+        replicas = getattr(args, f"{service.name}_replicas")
+        processes[service.name] = _count(replicas) if replicas else default
+    sys.exit(run_stack(settings, fetch=not args.no_fetch, demo_llms=_demo_llms(args), processes=processes))
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
     try:
         settings = settings_from(args)
@@ -277,7 +318,7 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(f"tritongate {args.command}: error: {exc}")
     runners: dict[str, Callable[[], None]] = {
         "up": lambda: _up(args, settings),
-        "edge": lambda: _run_edge(settings),
+        "edge": lambda: _run_edge(args, argv, settings),
         "triton": lambda: _run_triton(args, settings),
         "models": lambda: _models(args, settings),
         "health": lambda: _health(args, settings),

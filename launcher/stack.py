@@ -13,12 +13,14 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from launcher.healthcheck import probe
+from launcher.workers import METRICS_DIR_ENV, REPLICA_PORT_STEP, replica_ports, replicas_target
 from tritongate.config import ModelConfig, load_model_config
 from tritongate.registry import SERVICES, ServiceInfo
 from tritongate.settings import DEPLOY_DIR, Settings, env_var, port_field, target_field
@@ -115,16 +117,26 @@ class LocalStack:
     extra_env: dict[str, str] = field(default_factory=dict)
     metrics_ports: dict[str, int] = field(default_factory=dict)  # per service; else settings.metrics_port
     load_models: list[str] | None = None  # only these Triton models (explicit model control); None: all
+    processes: dict[str, int] = field(default_factory=dict)  # edge workers, replicas per service; else 1
     children: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
     own_triton: bool = False
+    _metrics_dir: tempfile.TemporaryDirectory[str] | None = None  # shared by the edge workers
 
     @property
     def edge_url(self) -> str:
         return f"http://{self.settings.edge_host}:{self.settings.edge_port}"
 
+    def count(self, component: ServiceInfo | str) -> int:
+        """Processes of a component: edge workers or replicas of a service."""
+        return self.processes.get(component if isinstance(component, str) else component.name, 1)
+
+    def replica_ports(self, service: ServiceInfo | str) -> list[int]:
+        return replica_ports(self.settings.port(service), self.count(service))
+
     def service_address(self, service: ServiceInfo | str) -> str:
-        """Where `service` (a registry entry or its name) listens."""
-        return f"{self.settings.service_host}:{self.settings.port(service)}"
+        """The gRPC target of `service` (a registry entry or its name): where it listens, or a list of
+        its replicas' addresses, which the edge's channel balances over."""
+        return replicas_target(self.settings.service_host, self.replica_ports(service))
 
     def env(self) -> dict[str, str]:
         """The children read their settings from the environment: hand them everything that matters."""
@@ -146,16 +158,40 @@ class LocalStack:
         values.update({key: value for key, value in optional.items() if value is not None})
         return dict(os.environ, **{k: str(v) for k, v in values.items()}, **self.extra_env)
 
-    def spawn(self, name: str, *args: str) -> subprocess.Popen[bytes]:
+    def spawn(self, name: str, *args: str, label: str = "", env: dict[str, str] | None = None
+              ) -> subprocess.Popen[bytes]:
+        """`tritongate <name> <args>` as a child process; `label` names it in `children` and its log file."""
+        label = label or name
         command = [sys.executable, "-m", "launcher.cli", name, *args]
+        env = {**self.env(), **(env or {})}
         if self.log_dir is None:
-            process = subprocess.Popen(command, env=self.env())
+            process = subprocess.Popen(command, env=env)
         else:
             self.log_dir.mkdir(parents=True, exist_ok=True)
-            with open(self.log_dir / f"{name}.log", "ab") as log:
-                process = subprocess.Popen(command, env=self.env(), stdout=log, stderr=subprocess.STDOUT)
-        self.children.append((name, process))
+            with open(self.log_dir / f"{label}.log", "ab") as log:
+                process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+        self.children.append((label, process))
         return process
+
+    def _spawn_edge(self, flags: tuple[str, ...]) -> None:
+        """The edge: one process, or workers sharing the port and a metrics directory (launcher/workers.py)."""
+        args = ("--uvicorn-log-level", self.settings.uvicorn_log_level, *flags)
+        workers = self.count("edge")
+        if workers == 1:
+            self.spawn("edge", *args)
+            return
+        self._metrics_dir = tempfile.TemporaryDirectory(prefix="tritongate-edge-metrics-")
+        for i in range(workers):
+            self.spawn("edge", *args, "--workers", "1", "--shared-port", label=f"edge-{i + 1}",
+                       env={METRICS_DIR_ENV: self._metrics_dir.name})
+
+    def _spawn_service(self, service: ServiceInfo, flags: tuple[str, ...]) -> None:
+        metrics_port = self.metrics_ports.get(service.name)
+        ports = self.replica_ports(service)
+        for i, port in enumerate(ports):
+            metrics = ("--metrics-port", str(metrics_port + i * REPLICA_PORT_STEP)) if metrics_port else ()
+            self.spawn(service.name, *flags, "--port", str(port), *metrics,
+                       label=service.name if len(ports) == 1 else f"{service.name}-{i + 1}")
 
     def failed_child(self) -> str | None:
         for name, process in self.children:
@@ -198,13 +234,14 @@ class LocalStack:
             self.triton.wait_ready(s.triton_start_timeout_s, cancelled)
         services = needed_services(config)
         for service in services:
-            port = self.metrics_ports.get(service.name)
-            self.spawn(service.name, *flags, *(("--metrics-port", str(port)) if port else ()))
-        self.spawn("edge", "--uvicorn-log-level", s.uvicorn_log_level, *flags)
+            self._spawn_service(service, flags)
+        self._spawn_edge(flags)
         for service in services:
-            address = self.service_address(service)
-            self.wait(f"the {service.name} service", lambda address=address: grpc_serving(address, tls),  # type: ignore[misc]
-                      s.triton_start_timeout_s, cancelled)
+            for port in self.replica_ports(service):
+                address = f"{s.service_host}:{port}"
+                self.wait(f"the {service.name} service at {address}",
+                          lambda address=address: grpc_serving(address, tls),  # type: ignore[misc]
+                          s.triton_start_timeout_s, cancelled)
         self.wait("the edge", lambda: http_ok(f"{self.edge_url}/health"), 120, cancelled)
 
     def __enter__(self) -> LocalStack:
@@ -232,11 +269,15 @@ class LocalStack:
                 process.kill()
                 process.wait()
         self.children.clear()
+        if self._metrics_dir is not None:
+            self._metrics_dir.cleanup()
+            self._metrics_dir = None
         if self.triton and self.own_triton:
             self.triton.stop()
 
 
-def run_stack(settings: Settings, fetch: bool = True, demo_llms: tuple[str, ...] = DEFAULT_DEMO_LLMS) -> int:
+def run_stack(settings: Settings, fetch: bool = True, demo_llms: tuple[str, ...] = DEFAULT_DEMO_LLMS,
+              processes: dict[str, int] | None = None) -> int:
     settings = settings.model_copy(update={"config_file": demo_llm_config(settings, demo_llms)})
     config = load_model_config(settings.config_file)  # fail fast, before starting anything
     if fetch:
@@ -245,10 +286,14 @@ def run_stack(settings: Settings, fetch: bool = True, demo_llms: tuple[str, ...]
         if missing_models(settings.models_dir):
             fetch_models(settings.models_dir)
     repositories, load_models = demo_llm_triton(settings, demo_llms)
-    stack = LocalStack(settings, extra_repositories=repositories, load_models=load_models)
+    stack = LocalStack(settings, extra_repositories=repositories, load_models=load_models,
+                       processes=processes or {})
     stopping = stop_on_signals()
     try:
-        say("starting Triton and the services (the first start loads the demo models: about a minute)")
+        components = ("edge", *(service.name for service in needed_services(config)))
+        layout = ", ".join(f"{stack.count(name)} {name}" for name in components)
+        say(f"starting Triton and the services ({layout} processes; the first start loads the demo models: "
+            "about a minute)")
         flags = [flag for flag, on in (("--verbose", settings.verbose), ("--log-json", settings.log_json)) if on]
         stack.start(stopping, tuple(flags))
         if not stopping():

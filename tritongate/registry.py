@@ -47,11 +47,11 @@ LLM = ServiceInfo("llm", common_pb2.MODEL_KIND_LLM, "chat/completions", "llm", _
 EMBED = ServiceInfo("embed", common_pb2.MODEL_KIND_EMBEDDING, "embeddings", "embedding",
                     _full_name(embed_pb2, "EmbedService"), embed_pb2_grpc.EmbedServiceStub,
                     embed_pb2_grpc.add_EmbedServiceServicer_to_server, "services.embed.main", 50052,
-                    ("Embed", "ListModels"))
+                    ("Embed", "EmbedBatch", "ListModels"))
 RERANK = ServiceInfo("rerank", common_pb2.MODEL_KIND_RERANK, "rerank", "rerank",
                      _full_name(rerank_pb2, "RerankService"), rerank_pb2_grpc.RerankServiceStub,
                      rerank_pb2_grpc.add_RerankServiceServicer_to_server, "services.rerank.main", 50053,
-                     ("Rerank", "ListModels"))
+                     ("Rerank", "RerankBatch", "ListModels"))
 
 SERVICES: tuple[ServiceInfo, ...] = (LLM, EMBED, RERANK)
 NAMES: tuple[str, ...] = tuple(service.name for service in SERVICES)

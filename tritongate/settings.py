@@ -9,7 +9,7 @@ import os
 from functools import cache
 from pathlib import Path
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from tritongate.registry import EMBED, LLM, RERANK, ServiceInfo
@@ -25,6 +25,22 @@ def default_cache_dir() -> Path:
 
 def default_models_dir() -> Path:
     return Path(os.environ.get("TRITONGATE_MODELS_DIR") or default_cache_dir() / "models")
+
+
+CORES_PER_PROCESS = 4  # `auto` processes per component: one per this many cores
+MAX_AUTO_PROCESSES = 8
+
+
+def cores() -> int:
+    """The cores this process may run on (a container's CPU set, not the host's)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def auto_workers(available: int | None = None) -> int:
+    """Processes per component for `auto`. The load, Triton and every component share the cores: on 2
+    cores one process each is best (measured: docs/benchmarks.md); from 8 cores one per 4 cores, up to
+    MAX_AUTO_PROCESSES."""
+    return max(1, min(MAX_AUTO_PROCESSES, (available or cores()) // CORES_PER_PROCESS))
 
 
 class Settings(BaseSettings):
@@ -62,6 +78,16 @@ class Settings(BaseSettings):
     # Seconds a client is told to wait (Retry-After) when a service refuses a request for overload.
     retry_after_s: int = Field(1, ge=0)
     uvicorn_log_level: str = "info"
+    # Embed and rerank calls in flight per model from one edge process; requests that arrive while they are
+    # travel together in the next (edge/coalesce.py). Two keep a service busy while a batch is on the wire.
+    calls_per_model: int = Field(2, ge=1)
+    # Edge processes sharing the port (`tritongate edge --workers`; launcher/workers.py); "auto": auto_workers().
+    edge_workers: int = Field(1, ge=1)
+
+    @field_validator("edge_workers", mode="before")
+    @classmethod
+    def _auto_workers(cls, value: object) -> object:
+        return auto_workers() if value == "auto" else value
     # Bearer keys the edge accepts (several separated by commas) and/or a file of keys, one a line;
     # none set = no authentication. SecretStr keeps them out of reprs and logs.
     api_key: SecretStr | None = None

@@ -18,7 +18,8 @@ import grpc
 from services.common.interceptors import around, method_of
 from tritongate.wire import CODE_KEY, OVERLOADED
 
-_NOT_COUNTED = frozenset({"ListModels"})
+# ListModels is not inference; the batch RPCs take a slot per request they carry (services/common/batch.py).
+_NOT_COUNTED = frozenset({"ListModels", "EmbedBatch", "RerankBatch"})
 
 
 class Admission:
@@ -37,6 +38,13 @@ class Admission:
         if self.in_flight >= self.limit:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, self.message(), ((CODE_KEY, OVERLOADED),))
         self.in_flight += 1
+
+    def try_enter(self) -> bool:
+        """Take a slot if there is one (the batch RPCs take one per item)."""
+        if self.in_flight >= self.limit:
+            return False
+        self.in_flight += 1
+        return True
 
     def leave(self) -> None:
         self.in_flight -= 1

@@ -83,7 +83,8 @@ class Batcher:
         self._waiting.extend(parts)
         self._dispatch()
         try:
-            results = await asyncio.gather(*(part.result for part in parts))
+            results = [await parts[0].result] if len(parts) == 1 else \
+                await asyncio.gather(*(part.result for part in parts))
         finally:
             for part in parts:  # a cancelled caller's rows are skipped if they have not left yet
                 part.result.cancel()
@@ -172,6 +173,10 @@ class EncoderModel(ServedModel):
     def configured_output(self) -> str | None:
         raise NotImplementedError
 
+    def encode_many(self, requests: Sequence[Any]) -> Sequence[Any]:
+        """Tokenize the requests of a batch RPC together (services/common/batch.py)."""
+        raise NotImplementedError
+
     def check_token_ids(self, rows: Sequence[Sequence[int]], param: str) -> None:
         for i, ids in enumerate(rows):
             bad = next((t for t in ids if t >= self.vocab_size), None)
@@ -207,7 +212,8 @@ class EncoderModel(ServedModel):
         await self.ensure_ready()
         order = np.argsort([len(row.input_ids) for row in rows], kind="stable")  # neighbours pad alike
         try:
-            by_length = await asyncio.wait_for(self.batcher.submit([rows[i] for i in order]), timeout)
+            async with asyncio.timeout(timeout):  # no task of its own, unlike wait_for
+                by_length = await self.batcher.submit([rows[i] for i in order])
         except TimeoutError:
             raise ServiceError(grpc.StatusCode.DEADLINE_EXCEEDED,
                                f"model `{self.name}` did not answer within the deadline") from None

@@ -35,6 +35,10 @@ TRITON_LATENCY = Histogram("tritongate_triton_request_duration_seconds",
                            "Time of one Triton call (a whole stream for generation), by Triton model and outcome "
                            "(a gRPC status code name).", ("model", "outcome"),
                            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 60, 300))
+BATCHED = Counter("tritongate_batched_requests_total",
+                  "Requests that arrived together in one batch RPC (EmbedBatch, RerankBatch), by method and "
+                  "outcome (a gRPC status code name); each batch RPC counts once in grpc_server_handled_total.",
+                  ("grpc_method", "outcome"))
 BATCH_SIZE = Histogram("tritongate_batch_size", "Rows per Triton call of an encoder model (requests merged).",
                        ("model",), buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512))
 

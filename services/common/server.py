@@ -17,7 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
-from services.common.admission import AdmissionInterceptor
+from services.common.admission import Admission, AdmissionInterceptor
 from services.common.errors import ServiceError, invalid_argument, model_not_found, rpc
 from services.common.metrics import MetricsInterceptor, handled_by_code, in_flight
 from services.common.tokenize import TokenizerServicer
@@ -98,6 +98,9 @@ class ModelSet(Generic[M]):
     def __iter__(self) -> Iterator[M]:
         return iter(self._models.values())
 
+    def names(self) -> list[str]:
+        return list(self._models)
+
     def list_models(self) -> common_pb2.ListModelsResponse:
         return common_pb2.ListModelsResponse(models=[model.card() for model in self])
 
@@ -129,6 +132,7 @@ class ListModelsServicer(Generic[M]):
 
     def __init__(self, models: ModelSet[M]) -> None:
         self.models = models
+        self.admission: Admission | None = None  # the server's, for the batch RPCs' per-item slots
 
     @rpc
     async def ListModels(self, request: common_pb2.ListModelsRequest, context: grpc.aio.ServicerContext
@@ -204,7 +208,9 @@ async def start_service(
     NOT_SERVING until Triton is ready."""
     # Metrics first (outermost), so that refusals for overload are counted too.
     name = spec.grpc_service
-    interceptors = [MetricsInterceptor(), AdmissionInterceptor(max_in_flight, (name,))]
+    admission = AdmissionInterceptor(max_in_flight, (name,))
+    spec.servicer.admission = admission.admission
+    interceptors = [MetricsInterceptor(), admission]
     server = grpc.aio.server(interceptors=interceptors, options=server_options(max_connection_age_ms, grace_s))
     spec.add_to(server)
     tokenizer_pb2_grpc.add_TokenizerServiceServicer_to_server(TokenizerServicer(spec.models), server)

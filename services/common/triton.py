@@ -34,25 +34,33 @@ _CHANNEL_ARGS = [
     ("grpc.max_reconnect_backoff_ms", 2000),
 ]
 
-_STATUS_MAP = {
-    "StatusCode.UNAVAILABLE": grpc.StatusCode.UNAVAILABLE,
+# Triton's gRPC status (as tritonclient reports it) → what the caller sees. Triton's own INVALID_ARGUMENT
+# means the service built a bad request (a configuration mismatch, not a client mistake): INTERNAL.
+_BY_STATUS = {
+    "StatusCode.UNAVAILABLE": grpc.StatusCode.UNAVAILABLE,  # Triton unreachable, or the model not ready
+    "StatusCode.NOT_FOUND": grpc.StatusCode.UNAVAILABLE,  # the model is not loaded (e.g. being unloaded)
     "StatusCode.DEADLINE_EXCEEDED": grpc.StatusCode.DEADLINE_EXCEEDED,
     "StatusCode.RESOURCE_EXHAUSTED": grpc.StatusCode.RESOURCE_EXHAUSTED,
     "StatusCode.CANCELLED": grpc.StatusCode.CANCELLED,
 }
+# Failures of the model instance rather than of the request, which Triton reports as INTERNAL, or with no
+# status at all inside a stream: a crashed Python-backend stub ("Stub process '...' is not healthy"), a
+# model that is not ready or no longer loaded. Retrying shortly can succeed: UNAVAILABLE, not INTERNAL.
+_INSTANCE_DOWN = ("is not healthy", "stub process", "not ready", "unknown model", "is not found")
 
 
 def triton_error(exc: InferenceServerException, model: str) -> ServiceError:
-    """Map a Triton failure to what the caller should see. Triton's own INVALID_ARGUMENT means the
-    service built a bad request (a configuration mismatch, not a client mistake): INTERNAL."""
+    """Map a Triton failure to what the caller should see: by tritonclient's status code first; the
+    message decides only where the status cannot (INTERNAL, or none)."""
     status = str(exc.status() or "")
     message = exc.message() or str(exc)
-    # "unknown model": in a stream, what a model being unloaded (e.g. Triton shutting down) answers.
-    if status in ("StatusCode.UNAVAILABLE", "StatusCode.NOT_FOUND") or "not ready" in message or \
-            "unknown model" in message:
-        return ServiceError(grpc.StatusCode.UNAVAILABLE, f"Triton model `{model}` is unavailable: {message}")
-    code = _STATUS_MAP.get(status, grpc.StatusCode.INTERNAL)
-    return ServiceError(code, f"Triton failed on model `{model}`: {message}")
+    code = _BY_STATUS.get(status)
+    if code is None and status in ("", "StatusCode.INTERNAL", "StatusCode.UNKNOWN"):
+        lowered = message.lower()
+        code = grpc.StatusCode.UNAVAILABLE if any(marker in lowered for marker in _INSTANCE_DOWN) else None
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return ServiceError(code, f"Triton model `{model}` is unavailable: {message}")
+    return ServiceError(code or grpc.StatusCode.INTERNAL, f"Triton failed on model `{model}`: {message}")
 
 
 def make_input(name: str, array: np.ndarray) -> InferInput:
@@ -68,11 +76,15 @@ class Triton:
         self._clients: dict[str, InferenceServerClient] = {}
         self.timeout_s = timeout_s  # for calls that carry no deadline of their own
         self._unreachable = asyncio.Event()
+        self._failed_models: set[tuple[str, str]] = set()  # (url, model) found unavailable since the last check
 
-    def _failed(self, exc: InferenceServerException, model: str) -> ServiceError:
-        """The error to raise; one that says Triton is unavailable also wakes `wait_unreachable`."""
+    def _failed(self, exc: InferenceServerException, url: str, model: str) -> ServiceError:
+        """The error to raise. One that says Triton or the model is unavailable wakes `wait_unreachable`,
+        and the model's next readiness check reports it not ready (its service goes NOT_SERVING until a
+        later check finds the model ready again)."""
         error = triton_error(exc, model)
         if error.code == grpc.StatusCode.UNAVAILABLE:
+            self._failed_models.add((url, model))
             self._unreachable.set()
         return error
 
@@ -93,6 +105,11 @@ class Triton:
         self._clients.clear()
 
     async def model_ready(self, url: str, model: str) -> bool:
+        """Triton's readiness of the model; False once after an inference found it unavailable (Triton
+        may report a model ready while its crashed instance is being restarted)."""
+        if (url, model) in self._failed_models:
+            self._failed_models.discard((url, model))
+            return False
         try:
             return bool(await self.client(url).is_model_ready(model, client_timeout=2.0))
         except InferenceServerException:
@@ -126,7 +143,7 @@ class Triton:
                     request_id=request_id,
                 )
             except InferenceServerException as exc:
-                raise self._failed(exc, model) from None
+                raise self._failed(exc, url, model) from None
         return {name: result.as_numpy(name) for name in outputs}
 
     async def stream(
@@ -155,11 +172,12 @@ class Triton:
             try:
                 async for result, error in call:
                     if error is not None:
-                        raise self._failed(error, model)
+                        raise self._failed(error, url, model)
                     yield {name: result.as_numpy(name) for name in outputs if result.get_output(name)}
             except InferenceServerException as exc:
-                raise self._failed(exc, model) from None
+                raise self._failed(exc, url, model) from None
             except grpc.aio.AioRpcError as exc:  # the stream's own failure (e.g. Triton unreachable) comes raw
-                raise self._failed(InferenceServerException(exc.details(), str(exc.code())), model) from None
+                raise self._failed(InferenceServerException(exc.details(), str(exc.code())), url,
+                                   model) from None
             finally:
                 call.cancel()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -62,17 +63,33 @@ class Embedder(EncoderModel):
         card.dimensions = self.dimensions
         return card
 
-    def tokenize(self, request: embed_pb2.EmbedRequest) -> list[list[int]]:
-        """Token ids per input, cut at max_tokens (or rejected, when truncation is off)."""
-        truncate = self.entry.truncate
-        if request.WhichOneof("input") == "tokens":
+    def encode(self, texts: list[str]) -> list[list[int]]:
+        if not texts:
+            return []
+        ids: list[list[int]] = self.tokenizer(texts, truncation=self.entry.truncate,
+                                              max_length=self.max_tokens)["input_ids"]
+        return ids
+
+    def encode_many(self, requests: Sequence[embed_pb2.EmbedRequest]) -> list[list[list[int]] | None]:
+        """The token ids of each text request in one tokenizer call over all their texts (the fast
+        tokenizer encodes a batch in parallel, and the per-call overhead is paid once); None for the
+        others, which `tokenize` reads itself."""
+        texts = [list(r.texts.texts) if r.WhichOneof("input") == "texts" else None for r in requests]
+        ids = iter(self.encode([text for each in texts if each for text in each]))
+        return [None if each is None else [next(ids) for _ in each] for each in texts]
+
+    def tokenize(self, request: embed_pb2.EmbedRequest, encoded: list[list[int]] | None = None) -> list[list[int]]:
+        """Token ids per input (`encoded`: the texts' already), cut at max_tokens (or rejected, when
+        truncation is off)."""
+        if encoded is not None:
+            rows = encoded
+        elif request.WhichOneof("input") == "tokens":
             rows = [list(item.ids) for item in request.tokens.inputs]
             self.check_token_ids(rows, "input")
-            if truncate:
+            if self.entry.truncate:
                 rows = [ids[: self.max_tokens] for ids in rows]
         else:
-            texts = list(request.texts.texts)
-            rows = self.tokenizer(texts, truncation=truncate, max_length=self.max_tokens)["input_ids"] if texts else []
+            rows = self.encode(list(request.texts.texts))
         for i, ids in enumerate(rows):
             if not ids:
                 raise invalid_argument(f"input[{i}] is empty", "input")
@@ -81,8 +98,9 @@ class Embedder(EncoderModel):
                                        f"{self.max_tokens}", "input")
         return rows
 
-    async def embed(self, request: embed_pb2.EmbedRequest, timeout: float | None) -> embed_pb2.EmbedResponse:
-        rows = self.tokenize(request)
+    async def embed(self, request: embed_pb2.EmbedRequest, timeout: float | None,
+                    encoded: list[list[int]] | None = None) -> embed_pb2.EmbedResponse:
+        rows = self.tokenize(request, encoded)
         await self.ensure_ready()
         if request.dimensions and self.dimensions and request.dimensions > self.dimensions:
             raise invalid_argument(f"`dimensions` is {request.dimensions}, but `{self.name}` has "

@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import grpc
 
+from services.common.batch import serve_batch
 from services.common.errors import rpc
 from services.common.server import ListModelsServicer
 from services.embed.embedder import Embedder
 from tritongate.embed.v1 import embed_pb2, embed_pb2_grpc
+
+
+async def _embed(model: Embedder, request: embed_pb2.EmbedRequest, timeout: float | None,
+                 encoded: list[list[int]] | None) -> embed_pb2.EmbedResponse:
+    return await model.embed(request, timeout, encoded)
 
 
 class EmbedServicer(ListModelsServicer[Embedder], embed_pb2_grpc.EmbedServiceServicer):
@@ -15,3 +21,9 @@ class EmbedServicer(ListModelsServicer[Embedder], embed_pb2_grpc.EmbedServiceSer
     async def Embed(self, request: embed_pb2.EmbedRequest, context: grpc.aio.ServicerContext
                     ) -> embed_pb2.EmbedResponse:
         return await self.models.get(request.model).embed(request, context.time_remaining())
+
+    @rpc
+    async def EmbedBatch(self, request: embed_pb2.EmbedBatchRequest, context: grpc.aio.ServicerContext
+                         ) -> embed_pb2.EmbedBatchResponse:
+        return await serve_batch(self.models, request, self.admission, _embed, "EmbedBatch",
+                                 embed_pb2.EmbedBatchResult, embed_pb2.EmbedBatchResponse)

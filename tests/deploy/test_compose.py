@@ -20,7 +20,7 @@ import yaml
 from launcher.cli import build_parser
 from tritongate import registry
 from tritongate.config import load_model_config
-from tritongate.settings import DEPLOY_DIR, Settings
+from tritongate.settings import DEPLOY_DIR, Settings, auto_workers
 from tritongate.triton_local import TritonProcess
 
 COMPOSE = DEPLOY_DIR / "compose.yaml"
@@ -295,3 +295,9 @@ def test_external_triton_override_drops_only_the_triton_dependencies() -> None:
     for name in SERVICES:
         assert override["services"][name]["depends_on"] == {}
         assert set(service(name)["depends_on"]) == {"triton"}  # all that it resets
+
+
+def test_the_edge_runs_workers_as_tritongate_up_does() -> None:
+    workers = environment("edge")["TRITONGATE_EDGE_WORKERS"]  # as interpolated with deploy/.env
+    assert workers == "auto"
+    assert Settings(edge_workers=workers).edge_workers == auto_workers()  # type: ignore[arg-type]

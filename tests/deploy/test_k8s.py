@@ -166,3 +166,11 @@ def test_services_read_the_model_config_map() -> None:
         assert tritongate_args(init["args"]).models_command == "fetch"
         mounts = {m["mountPath"]: m["name"] for m in container(name)["volumeMounts"]}
         assert mounts[env(name)["TRITONGATE_MODELS_DIR"]] == init["volumeMounts"][0]["name"]
+
+
+def test_the_edge_scales_in_pods_of_one_process_on_cpu() -> None:
+    hpa = get("HorizontalPodAutoscaler", "edge")["spec"]
+    assert hpa["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "edge"}
+    assert 1 <= hpa["minReplicas"] < hpa["maxReplicas"] and hpa["metrics"][0]["resource"]["name"] == "cpu"
+    assert env("edge")["TRITONGATE_EDGE_WORKERS"] == "1"
+    assert Settings(edge_workers=env("edge")["TRITONGATE_EDGE_WORKERS"]).edge_workers == 1  # type: ignore[arg-type]

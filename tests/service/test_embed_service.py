@@ -113,3 +113,49 @@ async def test_without_triton_the_service_is_not_serving_and_says_unavailable(
         assert info.value.code() == grpc.StatusCode.UNAVAILABLE
     finally:
         await server.stop(1)
+
+
+async def test_a_batch_call_answers_each_request_as_its_own_call_would(service: RunningService) -> None:
+    await until_serving(service.port)
+    model = "all-minilm-l6-v2"
+    requests = [
+        embed_pb2.EmbedRequest(model=model, texts=embed_pb2.TextBatch(texts=["a", "b c"])),
+        embed_pb2.EmbedRequest(model="nope", texts=embed_pb2.TextBatch(texts=["a"])),
+        embed_pb2.EmbedRequest(model=model, texts=embed_pb2.TextBatch(texts=["a"]), dimensions=1000),
+        embed_pb2.EmbedRequest(model=model, tokens=embed_pb2.TokenBatch(inputs=[common_pb2.TokenIds(ids=[101, 102])])),
+        embed_pb2.EmbedRequest(model=model, texts=embed_pb2.TextBatch(texts=["the third"]), dimensions=8),
+    ]
+    items = [embed_pb2.EmbedBatchItem(request=r, context=common_pb2.ItemContext(request_id=f"r{i}", timeout_s=30))
+             for i, r in enumerate(requests)]
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{service.port}") as channel:
+        stub = embed_pb2_grpc.EmbedServiceStub(channel)
+        batch = await stub.EmbedBatch(embed_pb2.EmbedBatchRequest(items=items))
+        alone = [await stub.Embed(requests[i]) for i in (0, 3, 4)]
+    results = list(batch.results)
+    assert [r.WhichOneof("outcome") for r in results] == ["response", "error", "error", "response", "response"]
+    assert (results[1].error.code, results[1].error.param, results[1].error.error_code) == (
+        grpc.StatusCode.NOT_FOUND.value[0], "model", "model_not_found")
+    assert (results[2].error.code, results[2].error.param) == (grpc.StatusCode.INVALID_ARGUMENT.value[0], "dimensions")
+    for together, own in zip((results[0], results[3], results[4]), alone, strict=True):
+        assert (together.response.rows, together.response.dimensions, together.response.usage) == (
+            own.rows, own.dimensions, own.usage)
+        np.testing.assert_allclose(np.frombuffer(together.response.embeddings, "<f4"),
+                                   np.frombuffer(own.embeddings, "<f4"), atol=1e-5)
+
+
+async def test_a_batch_call_takes_an_admission_slot_per_request(model_config_file: Path) -> None:
+    triton = Triton()
+    spec = build(load_model_config(model_config_file), triton)
+    server = await start_service(spec, triton, host="127.0.0.1", port=0, max_in_flight=2)
+    try:
+        await until_serving(server.port)
+        request = embed_pb2.EmbedRequest(model="all-minilm-l6-v2", texts=embed_pb2.TextBatch(texts=["a"]))
+        items = [embed_pb2.EmbedBatchItem(request=request) for _ in range(3)]
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            batch = await embed_pb2_grpc.EmbedServiceStub(channel).EmbedBatch(embed_pb2.EmbedBatchRequest(items=items))
+        outcomes = [r.WhichOneof("outcome") for r in batch.results]
+        assert outcomes == ["response", "response", "error"]
+        assert batch.results[2].error.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
+        assert batch.results[2].error.error_code == "overloaded"
+    finally:
+        await server.stop(1)

@@ -61,3 +61,30 @@ async def test_zero_documents_give_an_empty_result_without_triton(model_config_f
         assert response == rerank_pb2.RerankResponse(model=MODEL, usage=common_pb2.Usage())
     finally:
         await server.stop(1)
+
+
+async def test_a_batch_call_answers_each_request_as_its_own_call_would(service: RunningService) -> None:
+    documents = ["Bananas are yellow.", "Paris is the capital of France.", "word " * 400]
+    requests = [
+        rerank_pb2.RerankRequest(model=MODEL, query="What is the capital of France?", documents=documents),
+        rerank_pb2.RerankRequest(model=MODEL, query="long " * 300, documents=documents),  # no room left
+        rerank_pb2.RerankRequest(model=MODEL, query="Which fruit is yellow?", documents=documents, truncate=False),
+        rerank_pb2.RerankRequest(model=MODEL, query="Which fruit is yellow?", documents=documents[:2], top_n=1,
+                                 truncate=False),
+    ]
+    items = [rerank_pb2.RerankBatchItem(request=r, context=common_pb2.ItemContext(request_id=f"r{i}"))
+             for i, r in enumerate(requests)]
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{service.port}") as channel:
+        stub = rerank_pb2_grpc.RerankServiceStub(channel)
+        batch = await stub.RerankBatch(rerank_pb2.RerankBatchRequest(items=items))
+        alone = [await stub.Rerank(requests[i]) for i in (0, 3)]
+    results = list(batch.results)
+    assert [r.WhichOneof("outcome") for r in results] == ["response", "error", "error", "response"]
+    assert (results[1].error.code, results[1].error.param) == (grpc.StatusCode.INVALID_ARGUMENT.value[0], "query")
+    assert (results[2].error.code, results[2].error.param) == (grpc.StatusCode.INVALID_ARGUMENT.value[0],
+                                                               "documents")
+    for together, own in zip((results[0], results[3]), alone, strict=True):
+        assert [r.index for r in together.response.results] == [r.index for r in own.results]
+        assert together.response.usage == own.usage
+        assert [r.score for r in together.response.results] == pytest.approx([r.score for r in own.results],
+                                                                              abs=1e-4)

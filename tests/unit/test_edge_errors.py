@@ -56,7 +56,13 @@ def test_an_overloaded_service_is_a_429_that_says_when_to_retry() -> None:
     assert response.status_code == 429 and response.headers["retry-after"] == "3"
     assert error.body()["error"] == {"message": "at its limit of 4 concurrent requests", "type": "rate_limit_error",
                                      "param": None, "code": "overloaded"}
-    assert "retry-after" not in from_grpc(FakeRpcError(grpc.StatusCode.UNAVAILABLE, "x"), "llm").response().headers
+    assert "retry-after" not in from_grpc(FakeRpcError(grpc.StatusCode.INTERNAL, "x"), "llm").response().headers
+
+
+def test_an_unavailable_model_is_a_503_that_says_when_to_retry() -> None:
+    error = from_grpc(FakeRpcError(grpc.StatusCode.UNAVAILABLE, "Triton model `m` is unavailable: Stub process "
+                                   "'m_0_0' is not healthy.", (("tg-code", "service_unavailable"),)), "embed", 2)
+    assert error.status == 503 and error.response().headers["retry-after"] == "2"
 
 
 async def test_an_unexpected_failure_is_a_500_that_tells_nothing_but_carries_the_request_id(

@@ -59,3 +59,35 @@ def test_the_stack_starts_the_services_whose_section_has_models() -> None:
     for service in SERVICES:
         config = ModelConfig.model_validate({service.section: [entry]})
         assert needed_services(config) == [service]
+
+
+def test_workers_auto_is_one_process_per_four_cores_at_least_one() -> None:
+    from launcher.workers import parse_workers
+    from tritongate.settings import auto_workers
+
+    assert [auto_workers(n) for n in (1, 2, 4, 8, 16, 64)] == [1, 1, 1, 2, 4, 8]
+    assert parse_workers("3") == 3 and parse_workers("auto") == auto_workers()
+    for bad in ("0", "-1", "many"):
+        with pytest.raises(ValueError, match="auto"):
+            parse_workers(bad)
+
+
+def test_up_takes_workers_for_all_and_per_component() -> None:
+    args = build_parser().parse_args(["up", "--workers", "1", "--embed-replicas", "3"])
+    assert args.workers == "1" and args.embed_replicas == "3" and args.edge_workers is None
+    assert build_parser().parse_args(["up"]).workers == "auto"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["up", "--workers", "0"])
+    assert settings_from(build_parser().parse_args(["edge", "--workers", "4"])).edge_workers == 4
+    assert Settings(edge_workers="auto").edge_workers >= 1  # type: ignore[arg-type]  # as TRITONGATE_EDGE_WORKERS=auto
+
+
+def test_replicas_are_one_target_the_edge_balances_over() -> None:
+    from launcher.workers import REPLICA_PORT_STEP, replicas_target
+
+    stack = LocalStack(Settings(embed_port=41000), processes={"embed": 3})
+    assert stack.replica_ports("embed") == [41000, 41000 + REPLICA_PORT_STEP, 41000 + 2 * REPLICA_PORT_STEP]
+    assert stack.service_address("embed") == "ipv4:" + ",".join(f"127.0.0.1:{p}" for p in stack.replica_ports("embed"))
+    assert stack.service_address("llm") == f"127.0.0.1:{stack.settings.port('llm')}"  # one replica: as before
+    assert replicas_target("0.0.0.0", [1, 2]) == "ipv4:127.0.0.1:1,127.0.0.1:2"
+    assert replicas_target("::", [1, 2]) == "ipv6:[::1]:1,[::1]:2"

@@ -9,6 +9,9 @@ from typing import Any
 
 from edge.errors import OpenAIError
 from edge.sse import DONE, data_event, sse_response
+from edge.streaming import _chunks
+from tritongate.common.v1 import common_pb2
+from tritongate.llm.v1 import llm_pb2
 
 SCOPE = {"type": "http", "method": "POST", "path": "/", "headers": [], "asgi": {"spec_version": "2.4"}}
 
@@ -80,3 +83,37 @@ async def test_a_disconnect_cancels_the_event_generator() -> None:
 
     _, body = await serve(endless(), disconnect_after=0.1)
     assert cancelled.is_set() and DONE not in body
+
+
+
+class _OneDelta:
+    """A Generation with one delta that finishes its choice."""
+
+    usage = common_pb2.Usage(prompt_tokens=1, completion_tokens=1, total_tokens=2)
+
+    def cancel(self) -> None:
+        pass
+
+    async def deltas(self) -> AsyncIterator[llm_pb2.Delta]:
+        yield llm_pb2.Delta(index=0, text='Hi "there" é', finish_reason="stop")
+
+
+class _TextShape:
+    def opening(self, index: int) -> None:
+        return None
+
+    def delta(self, delta: llm_pb2.Delta) -> dict[str, Any]:
+        return {"index": delta.index, "text": delta.text, "logprobs": None, "finish_reason": None}
+
+    def end(self, index: int, reason: str) -> dict[str, Any]:
+        return {"index": index, "text": "", "logprobs": None, "finish_reason": reason}
+
+
+async def test_chunks_written_around_the_serialised_head_are_the_json_of_the_whole_chunk() -> None:
+    head = {"id": "cmpl-1", "object": "text_completion", "created": 1, "model": "m"}
+    choices = [_TextShape().delta(llm_pb2.Delta(index=0, text='Hi "there" é')), _TextShape().end(0, "stop")]
+    for include_usage, extra in ((False, {}), (True, {"usage": None})):
+        chunks = [chunk async for chunk in _chunks(_OneDelta(), llm_pb2.Accepted(choices=1),  # type: ignore[arg-type]
+                                                   _TextShape(), head, include_usage)]  # type: ignore[arg-type]
+        assert chunks[:2] == [data_event({**head, "choices": [choice], **extra}) for choice in choices]
+        assert len(chunks) == (3 if include_usage else 2)

@@ -183,3 +183,65 @@ class TokenIds(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___TokenIds: _TypeAlias = TokenIds  # noqa: Y015
+
+@_typing.final
+class ItemContext(_message.Message):
+    """What a unary call carries in its metadata and deadline, carried per item by the batch RPCs (e.g.
+    EmbedBatch), which the edge uses to send concurrent requests for one model in one call.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    TIMEOUT_S_FIELD_NUMBER: _builtins.int
+    request_id: _builtins.str
+    """The request id, as the x-request-id metadata of a unary call carries it."""
+    timeout_s: _builtins.float
+    """Seconds left until the item's own deadline; 0 when it has none."""
+    def __init__(
+        self,
+        *,
+        request_id: _builtins.str = ...,
+        timeout_s: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["request_id", b"request_id", "timeout_s", b"timeout_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ItemContext: _TypeAlias = ItemContext  # noqa: Y015
+
+@_typing.final
+class ItemError(_message.Message):
+    """Why one item of a batch RPC failed: the status a unary call for it would have ended with."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CODE_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    PARAM_FIELD_NUMBER: _builtins.int
+    ERROR_CODE_FIELD_NUMBER: _builtins.int
+    code: _builtins.int
+    """The gRPC status code (its number, e.g. 3 for INVALID_ARGUMENT)."""
+    message: _builtins.str
+    """The status message."""
+    param: _builtins.str
+    """The request parameter at fault, when one is (as the tg-param trailing metadata of a unary call)."""
+    error_code: _builtins.str
+    """An OpenAI error code, when there is one (as the tg-code trailing metadata of a unary call)."""
+    def __init__(
+        self,
+        *,
+        code: _builtins.int = ...,
+        message: _builtins.str = ...,
+        param: _builtins.str = ...,
+        error_code: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "error_code", b"error_code", "message", b"message", "param", b"param"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ItemError: _TypeAlias = ItemError  # noqa: Y015

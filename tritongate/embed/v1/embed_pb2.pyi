@@ -142,3 +142,113 @@ class EmbedResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___EmbedResponse: _TypeAlias = EmbedResponse  # noqa: Y015
+
+@_typing.final
+class EmbedBatchItem(_message.Message):
+    """One request of an EmbedBatch call."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUEST_FIELD_NUMBER: _builtins.int
+    CONTEXT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def request(self) -> Global___EmbedRequest:
+        """The request, as Embed would take it."""
+
+    @_builtins.property
+    def context(self) -> _common_pb2.ItemContext:
+        """Its request id and deadline."""
+
+    def __init__(
+        self,
+        *,
+        request: Global___EmbedRequest | None = ...,
+        context: _common_pb2.ItemContext | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["context", b"context", "request", b"request"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["context", b"context", "request", b"request"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EmbedBatchItem: _TypeAlias = EmbedBatchItem  # noqa: Y015
+
+@_typing.final
+class EmbedBatchRequest(_message.Message):
+    """Several embedding requests in one call (the edge sends those that arrive while others are in flight)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ITEMS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def items(self) -> _containers.RepeatedCompositeFieldContainer[Global___EmbedBatchItem]:
+        """The requests, each answered on its own."""
+
+    def __init__(
+        self,
+        *,
+        items: _abc.Iterable[Global___EmbedBatchItem] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["items", b"items"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EmbedBatchRequest: _TypeAlias = EmbedBatchRequest  # noqa: Y015
+
+@_typing.final
+class EmbedBatchResult(_message.Message):
+    """The outcome of one request of an EmbedBatch call."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESPONSE_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def response(self) -> Global___EmbedResponse:
+        """The answer."""
+
+    @_builtins.property
+    def error(self) -> _common_pb2.ItemError:
+        """The failure."""
+
+    def __init__(
+        self,
+        *,
+        response: Global___EmbedResponse | None = ...,
+        error: _common_pb2.ItemError | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "outcome", b"outcome", "response", b"response"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "outcome", b"outcome", "response", b"response"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_outcome: _TypeAlias = _typing.Literal["response", "error"]  # noqa: Y015
+    _WhichOneofArgType_outcome: _TypeAlias = _typing.Literal["outcome", b"outcome"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_outcome) -> _WhichOneofReturnType_outcome | None: ...
+
+Global___EmbedBatchResult: _TypeAlias = EmbedBatchResult  # noqa: Y015
+
+@_typing.final
+class EmbedBatchResponse(_message.Message):
+    """The outcomes of an EmbedBatch call."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___EmbedBatchResult]:
+        """One per item, in the items' order."""
+
+    def __init__(
+        self,
+        *,
+        results: _abc.Iterable[Global___EmbedBatchResult] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EmbedBatchResponse: _TypeAlias = EmbedBatchResponse  # noqa: Y015

@@ -40,6 +40,11 @@ class EmbedServiceStub:
                 request_serializer=tritongate_dot_embed_dot_v1_dot_embed__pb2.EmbedRequest.SerializeToString,
                 response_deserializer=tritongate_dot_embed_dot_v1_dot_embed__pb2.EmbedResponse.FromString,
                 _registered_method=True)
+        self.EmbedBatch = channel.unary_unary(
+                '/tritongate.embed.v1.EmbedService/EmbedBatch',
+                request_serializer=tritongate_dot_embed_dot_v1_dot_embed__pb2.EmbedBatchRequest.SerializeToString,
+                response_deserializer=tritongate_dot_embed_dot_v1_dot_embed__pb2.EmbedBatchResponse.FromString,
+                _registered_method=True)
         self.ListModels = channel.unary_unary(
                 '/tritongate.embed.v1.EmbedService/ListModels',
                 request_serializer=tritongate_dot_common_dot_v1_dot_common__pb2.ListModelsRequest.SerializeToString,
@@ -52,6 +57,13 @@ class EmbedServiceServicer:
 
     def Embed(self, request, context):
         """Embeds every input of one request.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EmbedBatch(self, request, context):
+        """Embeds the inputs of several requests, each answered on its own (one failing fails only itself).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -71,6 +83,11 @@ def add_EmbedServiceServicer_to_server(servicer, server):
                     servicer.Embed,
                     request_deserializer=tritongate_dot_embed_dot_v1_dot_embed__pb2.EmbedRequest.FromString,
                     response_serializer=tritongate_dot_embed_dot_v1_dot_embed__pb2.EmbedResponse.SerializeToString,
+            ),
+            'EmbedBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.EmbedBatch,
+                    request_deserializer=tritongate_dot_embed_dot_v1_dot_embed__pb2.EmbedBatchRequest.FromString,
+                    response_serializer=tritongate_dot_embed_dot_v1_dot_embed__pb2.EmbedBatchResponse.SerializeToString,
             ),
             'ListModels': grpc.unary_unary_rpc_method_handler(
                     servicer.ListModels,
@@ -105,6 +122,33 @@ class EmbedService:
             '/tritongate.embed.v1.EmbedService/Embed',
             tritongate_dot_embed_dot_v1_dot_embed__pb2.EmbedRequest.SerializeToString,
             tritongate_dot_embed_dot_v1_dot_embed__pb2.EmbedResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EmbedBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tritongate.embed.v1.EmbedService/EmbedBatch',
+            tritongate_dot_embed_dot_v1_dot_embed__pb2.EmbedBatchRequest.SerializeToString,
+            tritongate_dot_embed_dot_v1_dot_embed__pb2.EmbedBatchResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -34,6 +34,8 @@ class EmbedServiceStub:
     def __new__(cls, channel: _aio.Channel) -> EmbedServiceAsyncStub: ...
     Embed: _grpc.UnaryUnaryMultiCallable[_embed_pb2.EmbedRequest, _embed_pb2.EmbedResponse]
     """Embeds every input of one request."""
+    EmbedBatch: _grpc.UnaryUnaryMultiCallable[_embed_pb2.EmbedBatchRequest, _embed_pb2.EmbedBatchResponse]
+    """Embeds the inputs of several requests, each answered on its own (one failing fails only itself)."""
     ListModels: _grpc.UnaryUnaryMultiCallable[_common_pb2.ListModelsRequest, _common_pb2.ListModelsResponse]
     """Lists the embedding models this service serves."""
 
@@ -42,6 +44,8 @@ class EmbedServiceAsyncStub(EmbedServiceStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     Embed: _aio.UnaryUnaryMultiCallable[_embed_pb2.EmbedRequest, _embed_pb2.EmbedResponse]  # type: ignore[assignment]
     """Embeds every input of one request."""
+    EmbedBatch: _aio.UnaryUnaryMultiCallable[_embed_pb2.EmbedBatchRequest, _embed_pb2.EmbedBatchResponse]  # type: ignore[assignment]
+    """Embeds the inputs of several requests, each answered on its own (one failing fails only itself)."""
     ListModels: _aio.UnaryUnaryMultiCallable[_common_pb2.ListModelsRequest, _common_pb2.ListModelsResponse]  # type: ignore[assignment]
     """Lists the embedding models this service serves."""
 
@@ -53,6 +57,14 @@ class EmbedServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_embed_pb2.EmbedResponse, _abc.Awaitable[_embed_pb2.EmbedResponse]]:
         """Embeds every input of one request."""
+
+    @_abc_1.abstractmethod
+    def EmbedBatch(
+        self,
+        request: _embed_pb2.EmbedBatchRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_embed_pb2.EmbedBatchResponse, _abc.Awaitable[_embed_pb2.EmbedBatchResponse]]:
+        """Embeds the inputs of several requests, each answered on its own (one failing fails only itself)."""
 
     @_abc_1.abstractmethod
     def ListModels(

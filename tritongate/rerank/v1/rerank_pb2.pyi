@@ -120,3 +120,113 @@ class RerankResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RerankResponse: _TypeAlias = RerankResponse  # noqa: Y015
+
+@_typing.final
+class RerankBatchItem(_message.Message):
+    """One request of a RerankBatch call."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUEST_FIELD_NUMBER: _builtins.int
+    CONTEXT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def request(self) -> Global___RerankRequest:
+        """The request, as Rerank would take it."""
+
+    @_builtins.property
+    def context(self) -> _common_pb2.ItemContext:
+        """Its request id and deadline."""
+
+    def __init__(
+        self,
+        *,
+        request: Global___RerankRequest | None = ...,
+        context: _common_pb2.ItemContext | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["context", b"context", "request", b"request"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["context", b"context", "request", b"request"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RerankBatchItem: _TypeAlias = RerankBatchItem  # noqa: Y015
+
+@_typing.final
+class RerankBatchRequest(_message.Message):
+    """Several rerank requests in one call (the edge sends those that arrive while others are in flight)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ITEMS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def items(self) -> _containers.RepeatedCompositeFieldContainer[Global___RerankBatchItem]:
+        """The requests, each answered on its own."""
+
+    def __init__(
+        self,
+        *,
+        items: _abc.Iterable[Global___RerankBatchItem] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["items", b"items"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RerankBatchRequest: _TypeAlias = RerankBatchRequest  # noqa: Y015
+
+@_typing.final
+class RerankBatchResult(_message.Message):
+    """The outcome of one request of a RerankBatch call."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESPONSE_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def response(self) -> Global___RerankResponse:
+        """The answer."""
+
+    @_builtins.property
+    def error(self) -> _common_pb2.ItemError:
+        """The failure."""
+
+    def __init__(
+        self,
+        *,
+        response: Global___RerankResponse | None = ...,
+        error: _common_pb2.ItemError | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "outcome", b"outcome", "response", b"response"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "outcome", b"outcome", "response", b"response"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_outcome: _TypeAlias = _typing.Literal["response", "error"]  # noqa: Y015
+    _WhichOneofArgType_outcome: _TypeAlias = _typing.Literal["outcome", b"outcome"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_outcome) -> _WhichOneofReturnType_outcome | None: ...
+
+Global___RerankBatchResult: _TypeAlias = RerankBatchResult  # noqa: Y015
+
+@_typing.final
+class RerankBatchResponse(_message.Message):
+    """The outcomes of a RerankBatch call."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___RerankBatchResult]:
+        """One per item, in the items' order."""
+
+    def __init__(
+        self,
+        *,
+        results: _abc.Iterable[Global___RerankBatchResult] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RerankBatchResponse: _TypeAlias = RerankBatchResponse  # noqa: Y015

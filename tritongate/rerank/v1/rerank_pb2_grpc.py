@@ -40,6 +40,11 @@ class RerankServiceStub:
                 request_serializer=tritongate_dot_rerank_dot_v1_dot_rerank__pb2.RerankRequest.SerializeToString,
                 response_deserializer=tritongate_dot_rerank_dot_v1_dot_rerank__pb2.RerankResponse.FromString,
                 _registered_method=True)
+        self.RerankBatch = channel.unary_unary(
+                '/tritongate.rerank.v1.RerankService/RerankBatch',
+                request_serializer=tritongate_dot_rerank_dot_v1_dot_rerank__pb2.RerankBatchRequest.SerializeToString,
+                response_deserializer=tritongate_dot_rerank_dot_v1_dot_rerank__pb2.RerankBatchResponse.FromString,
+                _registered_method=True)
         self.ListModels = channel.unary_unary(
                 '/tritongate.rerank.v1.RerankService/ListModels',
                 request_serializer=tritongate_dot_common_dot_v1_dot_common__pb2.ListModelsRequest.SerializeToString,
@@ -52,6 +57,13 @@ class RerankServiceServicer:
 
     def Rerank(self, request, context):
         """Scores every document against the query and returns them best first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RerankBatch(self, request, context):
+        """Scores the documents of several requests, each answered on its own (one failing fails only itself).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -71,6 +83,11 @@ def add_RerankServiceServicer_to_server(servicer, server):
                     servicer.Rerank,
                     request_deserializer=tritongate_dot_rerank_dot_v1_dot_rerank__pb2.RerankRequest.FromString,
                     response_serializer=tritongate_dot_rerank_dot_v1_dot_rerank__pb2.RerankResponse.SerializeToString,
+            ),
+            'RerankBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.RerankBatch,
+                    request_deserializer=tritongate_dot_rerank_dot_v1_dot_rerank__pb2.RerankBatchRequest.FromString,
+                    response_serializer=tritongate_dot_rerank_dot_v1_dot_rerank__pb2.RerankBatchResponse.SerializeToString,
             ),
             'ListModels': grpc.unary_unary_rpc_method_handler(
                     servicer.ListModels,
@@ -105,6 +122,33 @@ class RerankService:
             '/tritongate.rerank.v1.RerankService/Rerank',
             tritongate_dot_rerank_dot_v1_dot_rerank__pb2.RerankRequest.SerializeToString,
             tritongate_dot_rerank_dot_v1_dot_rerank__pb2.RerankResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RerankBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tritongate.rerank.v1.RerankService/RerankBatch',
+            tritongate_dot_rerank_dot_v1_dot_rerank__pb2.RerankBatchRequest.SerializeToString,
+            tritongate_dot_rerank_dot_v1_dot_rerank__pb2.RerankBatchResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -34,6 +34,8 @@ class RerankServiceStub:
     def __new__(cls, channel: _aio.Channel) -> RerankServiceAsyncStub: ...
     Rerank: _grpc.UnaryUnaryMultiCallable[_rerank_pb2.RerankRequest, _rerank_pb2.RerankResponse]
     """Scores every document against the query and returns them best first."""
+    RerankBatch: _grpc.UnaryUnaryMultiCallable[_rerank_pb2.RerankBatchRequest, _rerank_pb2.RerankBatchResponse]
+    """Scores the documents of several requests, each answered on its own (one failing fails only itself)."""
     ListModels: _grpc.UnaryUnaryMultiCallable[_common_pb2.ListModelsRequest, _common_pb2.ListModelsResponse]
     """Lists the rerank models this service serves."""
 
@@ -42,6 +44,8 @@ class RerankServiceAsyncStub(RerankServiceStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     Rerank: _aio.UnaryUnaryMultiCallable[_rerank_pb2.RerankRequest, _rerank_pb2.RerankResponse]  # type: ignore[assignment]
     """Scores every document against the query and returns them best first."""
+    RerankBatch: _aio.UnaryUnaryMultiCallable[_rerank_pb2.RerankBatchRequest, _rerank_pb2.RerankBatchResponse]  # type: ignore[assignment]
+    """Scores the documents of several requests, each answered on its own (one failing fails only itself)."""
     ListModels: _aio.UnaryUnaryMultiCallable[_common_pb2.ListModelsRequest, _common_pb2.ListModelsResponse]  # type: ignore[assignment]
     """Lists the rerank models this service serves."""
 
@@ -53,6 +57,14 @@ class RerankServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_rerank_pb2.RerankResponse, _abc.Awaitable[_rerank_pb2.RerankResponse]]:
         """Scores every document against the query and returns them best first."""
+
+    @_abc_1.abstractmethod
+    def RerankBatch(
+        self,
+        request: _rerank_pb2.RerankBatchRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_rerank_pb2.RerankBatchResponse, _abc.Awaitable[_rerank_pb2.RerankBatchResponse]]:
+        """Scores the documents of several requests, each answered on its own (one failing fails only itself)."""
 
     @_abc_1.abstractmethod
     def ListModels(

@@ -1,0 +1,150 @@
+"""Batch-while-busy towards the embed and rerank services: requests for one model that arrive while
+`slots` calls for it are in flight wait, and leave together in one batch RPC (EmbedBatch, RerankBatch)
+as soon as a call returns. A request that finds a free slot goes at once, as an ordinary unary call: no
+timer, no added latency when idle. Under load, the gRPC hop and the service's per-call work are paid
+per batch, not per request.
+
+Each request keeps what a unary call would give it: its request id and its own deadline travel with it
+(`ItemContext`), its failure is its own (an item error, mapped by the same table as a failed call), and
+a caller that goes away (client disconnect) leaves the others' call alone; a call whose callers have all
+gone is cancelled. The service admits each item on its own, so `max_in_flight` still counts requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import defaultdict, deque
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from edge.errors import OpenAIError
+from tritongate.common.v1 import common_pb2
+from tritongate.logs import REQUEST_ID
+from tritongate.wire import REQUEST_ID_KEY
+
+MAX_ITEMS = 64  # requests per batch call at most
+
+
+@dataclass(slots=True)
+class _Pending:
+    request: Any
+    request_id: str
+    deadline: float  # time.monotonic()
+    result: asyncio.Future[Any] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
+@dataclass
+class BatchCalls:
+    """How one service's calls are made: the unary method, the batch method and its message types, and
+    how a failure becomes an OpenAI error."""
+
+    unary: Callable[..., Awaitable[Any]]  # stub.Embed
+    batch: Callable[..., Awaitable[Any]]  # stub.EmbedBatch
+    batch_request: Callable[..., Any]  # EmbedBatchRequest
+    batch_item: Callable[..., Any]  # EmbedBatchItem
+    call_failure: Callable[[grpc.aio.AioRpcError], OpenAIError]
+    item_failure: Callable[[common_pb2.ItemError], OpenAIError]
+
+
+class Coalescer:
+    def __init__(self, calls: BatchCalls, timeout: float, slots: int, max_items: int = MAX_ITEMS) -> None:
+        self.calls = calls
+        self.timeout = timeout  # each request's deadline
+        self.slots = slots  # calls in flight per model
+        self.max_items = max_items
+        self._waiting: dict[str, deque[_Pending]] = defaultdict(deque)
+        self._in_flight: dict[str, int] = defaultdict(int)
+        self._running: dict[asyncio.Task[None], list[_Pending]] = {}
+
+    async def call(self, request: Any) -> Any:
+        """The service's answer to `request` (an OpenAIError when it fails)."""
+        model = request.model
+        waiting = self._waiting[model]
+        if self._in_flight[model] < self.slots and not waiting:
+            self._in_flight[model] += 1
+            try:
+                return await self._unary(request, REQUEST_ID.get(), self.timeout)
+            finally:
+                self._in_flight[model] -= 1
+                self._dispatch(model)
+        pending = _Pending(request, REQUEST_ID.get(), time.monotonic() + self.timeout)
+        waiting.append(pending)
+        try:
+            return await pending.result
+        finally:
+            if not pending.result.done():
+                pending.result.cancel()
+            self._drop_abandoned()
+
+    async def _unary(self, request: Any, request_id: str, timeout: float) -> Any:
+        try:
+            return await self.calls.unary(request, timeout=timeout, metadata=((REQUEST_ID_KEY, request_id),))
+        except grpc.aio.AioRpcError as exc:
+            raise self.calls.call_failure(exc) from None
+
+    def _dispatch(self, model: str) -> None:
+        waiting = self._waiting[model]
+        while self._in_flight[model] < self.slots and waiting:
+            batch: list[_Pending] = []
+            while waiting and len(batch) < self.max_items:
+                pending = waiting.popleft()
+                if not pending.result.done():
+                    batch.append(pending)
+            if not batch:
+                break
+            self._in_flight[model] += 1
+            task = asyncio.create_task(self._send(model, batch))
+            self._running[task] = batch
+            task.add_done_callback(lambda done: self._running.pop(done, None))
+
+    def _drop_abandoned(self) -> None:
+        """Cancel the calls whose callers have all gone."""
+        for task, batch in list(self._running.items()):
+            if all(pending.result.cancelled() for pending in batch):
+                task.cancel()
+
+    async def _send(self, model: str, batch: list[_Pending]) -> None:
+        try:
+            now = time.monotonic()
+            if len(batch) == 1:
+                only = batch[0]
+                outcomes: Sequence[Any] = [await self._outcome(self._unary(only.request, only.request_id,
+                                                                           only.deadline - now))]
+            else:
+                outcomes = await self._batch(batch, now)
+        except grpc.aio.AioRpcError as exc:
+            outcomes = [self.calls.call_failure(exc) for _ in batch]
+        except OpenAIError as exc:
+            outcomes = [exc] * len(batch)
+        finally:
+            self._in_flight[model] -= 1
+            self._dispatch(model)
+        for pending, outcome in zip(batch, outcomes, strict=True):
+            if pending.result.done():
+                continue
+            if isinstance(outcome, BaseException):
+                pending.result.set_exception(outcome)
+            else:
+                pending.result.set_result(outcome)
+
+    @staticmethod
+    async def _outcome(call: Awaitable[Any]) -> Any:
+        try:
+            return await call
+        except OpenAIError as exc:
+            return exc
+
+    async def _batch(self, batch: list[_Pending], now: float) -> list[Any]:
+        calls = self.calls
+        items = [calls.batch_item(request=p.request, context=common_pb2.ItemContext(
+            request_id=p.request_id, timeout_s=max(p.deadline - now, 0.001))) for p in batch]
+        timeout = max(p.deadline for p in batch) - now
+        response = await calls.batch(calls.batch_request(items=items), timeout=timeout)
+        if len(response.results) != len(batch):
+            raise OpenAIError(500, "The service answered a batch call out of order; see its log.")
+        return [calls.item_failure(result.error) if result.WhichOneof("outcome") == "error" else result.response
+                for result in response.results]

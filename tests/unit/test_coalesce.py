@@ -1,0 +1,130 @@
+"""Batch-while-busy at the edge (edge/coalesce.py), against a fake service: an idle request goes at once as
+a unary call; requests that arrive while calls are in flight leave together in one batch call; each one
+keeps its own id, deadline and failure; a caller that goes away leaves the others alone."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import grpc
+import pytest
+
+from edge.coalesce import BatchCalls, Coalescer
+from edge.errors import OpenAIError, from_item
+from tritongate.common.v1 import common_pb2
+from tritongate.embed.v1 import embed_pb2
+from tritongate.logs import REQUEST_ID
+from tritongate.wire import REQUEST_ID_KEY
+
+
+class FakeService:
+    """Unary and batch calls that wait until released; records what each call carried."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()  # the unary calls return
+        self.release_batches = asyncio.Event()
+        self.unary_calls: list[tuple[str, str]] = []  # (input, request id)
+        self.batch_calls: list[list[tuple[str, str, float]]] = []  # per call: (input, request id, timeout)
+        self.cancelled = 0
+
+    def answer(self, request: embed_pb2.EmbedRequest) -> embed_pb2.EmbedResponse:
+        return embed_pb2.EmbedResponse(model=request.model, rows=len(request.texts.texts[0]))
+
+    async def unary(self, request: embed_pb2.EmbedRequest, timeout: float, metadata: Any) -> embed_pb2.EmbedResponse:
+        self.unary_calls.append((request.texts.texts[0], dict(metadata)[REQUEST_ID_KEY]))
+        await self.release.wait()
+        return self.answer(request)
+
+    async def batch(self, request: embed_pb2.EmbedBatchRequest, timeout: float) -> embed_pb2.EmbedBatchResponse:
+        self.batch_calls.append([(item.request.texts.texts[0], item.context.request_id, item.context.timeout_s)
+                                 for item in request.items])
+        try:
+            await self.release_batches.wait()
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        results = []
+        for item in request.items:
+            if item.request.texts.texts[0] == "bad":
+                error = common_pb2.ItemError(code=grpc.StatusCode.INVALID_ARGUMENT.value[0], message="input[0] is "
+                                             "empty", param="input")
+                results.append(embed_pb2.EmbedBatchResult(error=error))
+            else:
+                results.append(embed_pb2.EmbedBatchResult(response=self.answer(item.request)))
+        return embed_pb2.EmbedBatchResponse(results=results)
+
+
+def coalescer(service: FakeService, slots: int = 1) -> Coalescer:
+    calls = BatchCalls(service.unary, service.batch, embed_pb2.EmbedBatchRequest, embed_pb2.EmbedBatchItem,
+                       lambda exc: OpenAIError(503, "down"), lambda error: from_item(error, "embed"))
+    return Coalescer(calls, timeout=30.0, slots=slots)
+
+
+async def call(coalescer: Coalescer, text: str, request_id: str) -> embed_pb2.EmbedResponse:
+    REQUEST_ID.set(request_id)  # each caller's own task
+    response: embed_pb2.EmbedResponse = await coalescer.call(embed_pb2.EmbedRequest(
+        model="m", texts=embed_pb2.TextBatch(texts=[text])))
+    return response
+
+
+async def settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def test_idle_goes_at_once_busy_ones_travel_together_each_with_its_id_and_failure() -> None:
+    service = FakeService()
+    coalesce = coalescer(service)
+    first = asyncio.create_task(call(coalesce, "a", "id-a"))
+    await settle()
+    assert service.unary_calls == [("a", "id-a")]  # no wait, no batch, when nothing is in flight
+    others = [asyncio.create_task(call(coalesce, text, f"id-{text}")) for text in ("bb", "bad", "dddd")]
+    await settle()
+    assert service.batch_calls == []  # they wait for the call in flight
+    service.release.set()
+    service.release_batches.set()
+    assert (await first).rows == 1
+    results = await asyncio.gather(*others, return_exceptions=True)
+    assert [(text, rid) for text, rid, _ in service.batch_calls[0]] == [("bb", "id-bb"), ("bad", "id-bad"),
+                                                                         ("dddd", "id-dddd")]
+    assert all(0 < timeout <= 30.0 for _, _, timeout in service.batch_calls[0])
+    assert isinstance(results[0], embed_pb2.EmbedResponse) and results[0].rows == 2
+    assert isinstance(results[1], OpenAIError) and results[1].status == 400 and results[1].param == "input"
+    assert isinstance(results[2], embed_pb2.EmbedResponse) and results[2].rows == 4
+
+
+async def test_a_caller_that_goes_away_leaves_the_others_call_alone() -> None:
+    service = FakeService()
+    coalesce = coalescer(service)
+    first = asyncio.create_task(call(coalesce, "a", "id-a"))
+    await settle()
+    leaving, staying = (asyncio.create_task(call(coalesce, t, t)) for t in ("leaving", "staying"))
+    await settle()
+    service.release.set()
+    await first
+    await settle()
+    assert len(service.batch_calls) == 1
+    leaving.cancel()  # e.g. its client disconnected while the batch is in flight
+    await settle()
+    service.release_batches.set()
+    assert (await staying).rows == len("staying") and service.cancelled == 0
+    with pytest.raises(asyncio.CancelledError):
+        await leaving
+
+
+async def test_a_batch_whose_callers_all_went_away_is_cancelled() -> None:
+    service = FakeService()
+    coalesce = coalescer(service)
+    first = asyncio.create_task(call(coalesce, "a", "id-a"))
+    await settle()
+    waiting = [asyncio.create_task(call(coalesce, t, t)) for t in ("b", "c")]
+    await settle()
+    service.release.set()
+    await first
+    await settle()
+    assert len(service.batch_calls) == 1
+    for task in waiting:
+        task.cancel()
+    await settle()
+    assert service.cancelled == 1
