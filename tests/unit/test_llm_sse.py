@@ -9,7 +9,7 @@ from typing import Any
 
 from edge.errors import OpenAIError
 from edge.sse import DONE, data_event, sse_response
-from edge.streaming import _chunks
+from edge.streaming import ChunkFraming
 from tritongate.common.v1 import common_pb2
 from tritongate.llm.v1 import llm_pb2
 
@@ -85,19 +85,6 @@ async def test_a_disconnect_cancels_the_event_generator() -> None:
     assert cancelled.is_set() and DONE not in body
 
 
-
-class _OneDelta:
-    """A Generation with one delta that finishes its choice."""
-
-    usage = common_pb2.Usage(prompt_tokens=1, completion_tokens=1, total_tokens=2)
-
-    def cancel(self) -> None:
-        pass
-
-    async def deltas(self) -> AsyncIterator[llm_pb2.Delta]:
-        yield llm_pb2.Delta(index=0, text='Hi "there" é', finish_reason="stop")
-
-
 class _TextShape:
     def opening(self, index: int) -> None:
         return None
@@ -113,7 +100,9 @@ async def test_chunks_written_around_the_serialised_head_are_the_json_of_the_who
     head = {"id": "cmpl-1", "object": "text_completion", "created": 1, "model": "m"}
     choices = [_TextShape().delta(llm_pb2.Delta(index=0, text='Hi "there" é')), _TextShape().end(0, "stop")]
     for include_usage, extra in ((False, {}), (True, {"usage": None})):
-        chunks = [chunk async for chunk in _chunks(_OneDelta(), llm_pb2.Accepted(choices=1),  # type: ignore[arg-type]
-                                                   _TextShape(), head, include_usage)]  # type: ignore[arg-type]
+        framing = ChunkFraming(_TextShape(), head, include_usage)  # type: ignore[arg-type]
+        chunks = [*framing.start(llm_pb2.Accepted(choices=1)),
+                  *framing.delta(llm_pb2.Delta(index=0, text='Hi "there" é')), *framing.end(0, "stop"),
+                  *framing.finish(common_pb2.Usage(prompt_tokens=1, completion_tokens=1, total_tokens=2))]
         assert chunks[:2] == [data_event({**head, "choices": [choice], **extra}) for choice in choices]
         assert len(chunks) == (3 if include_usage else 2)
