@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.support.backends import ECHO_MODELS, echo_variants
 from tests.support.ports import free_port
 from tritongate.registry import NAMES, SERVICES
 from tritongate.settings import DEPLOY_DIR, Settings
@@ -23,8 +24,16 @@ BODY_LIMIT = 4 * 1024 * 1024
 
 def write_model_config(triton_grpc_url: str, directory: Path) -> Path:
     """tests/model_config.json (the format of Denglin's openai_api) with every model pointed at the given
-    Triton, written to `directory`."""
+    Triton, and each echo model's `-slow` and `-failing` variants (tests.support.backends), written to
+    `directory`."""
     config = json.loads((TESTS / "model_config.json").read_text())
+    infos = {info["name"]: info for info in config["model_infos"]}
+    for entry in [entry for entry in config["llm"] if entry["name"] in ECHO_MODELS]:
+        for variant in echo_variants(entry):
+            if variant["name"] in infos:  # written out in the file (other tests read it directly)
+                continue
+            config["llm"].append(variant)
+            config["model_infos"].append(dict(infos[entry["name"]], name=variant["name"]))
     for service in SERVICES:
         for entry in config.get(service.section, []):
             entry["url"] = triton_grpc_url
