@@ -14,6 +14,7 @@ import httpx
 import openai
 import pytest
 
+from launcher.stack import DEMO_LLMS
 from tests.support.backends import EchoBackend
 from tests.support.openai_schema import validate
 from tests.support.streams import stream_chunks, stream_events
@@ -45,14 +46,16 @@ def chunks(http: httpx.Client, model: str, **body: Any) -> list[dict[str, Any]]:
     return result
 
 
-def test_smollm2_knows_the_capital_of_france(client: openai.OpenAI) -> None:
-    answers = [client.chat.completions.create(model=SMOLLM2, messages=FRANCE, temperature=0, max_tokens=12)
+@pytest.mark.parametrize("model", DEMO_LLMS.values())
+def test_smollm2_knows_the_capital_of_france(client: openai.OpenAI, model: str) -> None:
+    """The demo LLM behind each Triton LLM interface (FasterTransformer, TensorRT-LLM, its ensemble, vLLM)."""
+    answers = [client.chat.completions.create(model=model, messages=FRANCE, temperature=0, max_tokens=12)
                for _ in range(2)]
     for answer in answers:
         assert "Paris" in (answer.choices[0].message.content or "")
         assert answer.choices[0].message.role == "assistant" and answer.usage is not None
     assert answers[0].choices[0].message.content == answers[1].choices[0].message.content  # temperature 0
-    stream = client.chat.completions.create(model=SMOLLM2, messages=FRANCE, temperature=0, max_tokens=12,
+    stream = client.chat.completions.create(model=model, messages=FRANCE, temperature=0, max_tokens=12,
                                             stream=True)
     streamed = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
     assert "Paris" in streamed
