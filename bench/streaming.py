@@ -3,16 +3,20 @@ Triton over gRPC, same model, same prompts, in one run.
 
     python bench/streaming.py [--seconds 10] > result.json
 
-Starts its own Triton (ft-echo from the test repository and the SmolLM2 demo), llm service and edge on
-free ports. ft-echo is deterministic and costs nothing per token, so what is measured is the path:
-one token per response, as FasterTransformer streams, at 1, 16 and 64 concurrent streams. SmolLM2
-(greedy, on this CPU) shows a real model at 1 and 4 streams.
+Starts its own Triton (the echo model of each Triton LLM interface from the test repository, and the
+SmolLM2 demo), llm service and edge on free ports. The echo models are deterministic and cost nothing
+per token, so what is measured is the path: one token per response, at 1, 16 and 64 concurrent
+streams, on each backend's interface (FasterTransformer, TensorRT-LLM, its ensemble/BLS text interface,
+vLLM). SmolLM2 (greedy, on this CPU, FasterTransformer's interface) shows a real model at 1 and 4 streams.
 
-The direct path is what a minimal client would do: tokenize with the same tokenizer, one decoupled
-request per gRPC stream with FT's tensors, diff `output_ids` by `sequence_length`, decode the new
-tokens. The edge path is POST /v1/completions with "stream": true. Each point runs closed-loop for
+The direct path is what a minimal client of that interface would do, one decoupled request per gRPC
+stream: FasterTransformer, token ids in, diff the cumulative `output_ids` by `sequence_length` and decode
+the new tokens; TensorRT-LLM, token ids in, decode each response's new `output_ids`; the ensemble,
+`text_input` + `max_tokens` in, a `text_output` delta per response; vLLM, `text_input` + JSON
+`sampling_parameters` in, a `text_output` delta per response. The edge path is POST /v1/completions
+with "stream": true. Each point runs closed-loop for
 `--seconds` per path; tokens are counted as they arrive within that window (requests still running
-at its end are cancelled). Prints one JSON document; ratio = edge / direct.
+at its end finish uncounted). Prints one JSON document; ratio = edge / direct.
 """
 
 from __future__ import annotations
@@ -41,10 +45,11 @@ from services.common.triton import make_input
 from tritongate.settings import default_models_dir
 
 ROOT = Path(__file__).resolve().parent.parent
-ECHO, SMOLLM2 = "ft-echo", "smollm2-135m-instruct"
+SMOLLM2 = "smollm2-135m-instruct"
+ECHOES = ("ft-echo", "trtllm-echo", "trtllm-text-echo", "vllm-echo")  # one per interface, as their backends
 PROMPT = "The quick brown fox jumps over the lazy dog while the cat watches from the warm windowsill"
-POINTS = [(ECHO, 1), (ECHO, 16), (ECHO, 64), (SMOLLM2, 1), (SMOLLM2, 4)]
-MAX_TOKENS = {ECHO: 64, SMOLLM2: 32}
+POINTS = [*((echo, streams) for echo in ECHOES for streams in (1, 16, 64)), (SMOLLM2, 1), (SMOLLM2, 4)]
+MAX_TOKENS = {**dict.fromkeys(ECHOES, 64), SMOLLM2: 32}
 
 OnTokens = Callable[[int], None]
 Stream = Callable[[OnTokens], Awaitable[None]]
@@ -85,7 +90,10 @@ async def measure(stream: Stream, concurrency: int, seconds: float) -> dict[str,
 
     workers = [asyncio.create_task(worker()) for _ in range(concurrency)]
     await asyncio.sleep(seconds)
-    for task in workers:
+    # Requests still running finish (their tokens after the deadline do not count) rather than being
+    # cancelled all at once: many cancellations at the same moment can crash Triton 2.51's gRPC server.
+    _, late = await asyncio.wait(workers, timeout=60)
+    for task in late:
         task.cancel()
     await asyncio.gather(*workers, return_exceptions=True)
     ordered = sorted(ttfts)
@@ -97,32 +105,69 @@ async def measure(stream: Stream, concurrency: int, seconds: float) -> dict[str,
     }
 
 
+def direct_request(tokenizer: Any, model: str) -> tuple[dict[str, np.ndarray], list[str], Callable[[Any], int]]:
+    """One request on `model`'s interface: its tensors, its outputs, and a counter of the new tokens in
+    each response (decoding them as a client would)."""
+    max_tokens = MAX_TOKENS[model]
+    if model in ("trtllm-text-echo", "vllm-echo"):
+        count = EchoTokens(tokenizer)  # the echo's text repeats the prompt's tokens
+
+        def text_delta(result: Any) -> int:
+            return count(result.as_numpy("text_output").reshape(-1)[0].decode())
+
+        if model == "vllm-echo":  # no batch dimension
+            params = json.dumps({"max_tokens": max_tokens, "temperature": 0})
+            return ({"text_input": np.array([PROMPT.encode()], dtype=np.object_),
+                     "stream": np.array([True]), "sampling_parameters": np.array([params.encode()], dtype=np.object_)},
+                    ["text_output"], text_delta)
+        return ({"text_input": np.array([[PROMPT.encode()]], dtype=np.object_),
+                 "max_tokens": np.array([[max_tokens]], dtype=np.int32), "stream": np.array([[True]])},
+                ["text_output"], text_delta)
+    prompt = tokenizer.encode(PROMPT, add_special_tokens=False)
+    if model == "trtllm-echo":  # only the new tokens in each response
+
+        def new_tokens(result: Any) -> int:
+            new = result.as_numpy("output_ids").reshape(-1)[:int(result.as_numpy("sequence_length").reshape(-1)[0])]
+            tokenizer.decode(new.tolist())
+            return len(new)
+
+        return ({"input_ids": np.array([prompt], dtype=np.int32),
+                 "input_lengths": np.array([[len(prompt)]], dtype=np.int32),
+                 "request_output_len": np.array([[max_tokens]], dtype=np.int32),
+                 "streaming": np.array([[True]]), "runtime_top_k": np.array([[1]], dtype=np.int32)},
+                ["output_ids", "sequence_length"], new_tokens)
+    seen = len(prompt)  # FasterTransformer: the whole sequence so far in each response
+
+    def diff(result: Any) -> int:
+        nonlocal seen
+        length = int(result.as_numpy("sequence_length").reshape(-1)[0])
+        new = result.as_numpy("output_ids").reshape(-1)[seen:length].tolist()
+        tokenizer.decode(new)
+        seen = max(seen, length)
+        return len(new)
+
+    return ({"input_ids": np.array([prompt], dtype=np.uint32),
+             "input_lengths": np.array([[len(prompt)]], dtype=np.uint32),
+             "request_output_len": np.array([[max_tokens]], dtype=np.uint32),
+             "runtime_top_k": np.array([[1]], dtype=np.uint32)},
+            ["output_ids", "sequence_length"], diff)
+
+
 def direct_stream(triton: InferenceServerClient, tokenizer: Any, model: str) -> Stream:
     async def stream(on_tokens: OnTokens) -> None:
-        prompt = tokenizer.encode(PROMPT, add_special_tokens=False)
-        tensors = {"input_ids": np.array([prompt], dtype=np.uint32),
-                   "input_lengths": np.array([[len(prompt)]], dtype=np.uint32),
-                   "request_output_len": np.array([[MAX_TOKENS[model]]], dtype=np.uint32),
-                   "runtime_top_k": np.array([[1]], dtype=np.uint32)}
+        tensors, outputs, count = direct_request(tokenizer, model)
 
         async def requests() -> AsyncIterator[dict[str, Any]]:
             yield {"model_name": model, "inputs": [make_input(k, v) for k, v in tensors.items()],
-                   "outputs": [InferRequestedOutput("output_ids"), InferRequestedOutput("sequence_length")]}
+                   "outputs": [InferRequestedOutput(name) for name in outputs]}
 
-        seen = len(prompt)
         call = triton.stream_infer(requests())
         try:
             async for result, error in call:
                 if error is not None:
                     raise error
-                lengths = result.as_numpy("sequence_length")
-                if lengths is None:
-                    continue
-                length = int(lengths.reshape(-1)[0])
-                new = result.as_numpy("output_ids").reshape(-1)[seen:length].tolist()
-                tokenizer.decode(new)
-                seen = max(seen, length)
-                on_tokens(len(new))
+                if result.as_numpy(outputs[0]) is not None:  # not an empty final response
+                    on_tokens(count(result))
         finally:
             call.cancel()
 
@@ -130,11 +175,11 @@ def direct_stream(triton: InferenceServerClient, tokenizer: Any, model: str) -> 
 
 
 class EchoTokens:
-    """Tokens in the text streamed so far, exactly, for ft-echo: its text repeats the prompt's tokens."""
+    """Tokens in the text streamed so far, exactly, for an echo model: its text repeats the prompt's tokens."""
 
     def __init__(self, tokenizer: Any) -> None:
         pieces = [tokenizer.decode([t]) for t in tokenizer.encode(PROMPT, add_special_tokens=False)]
-        self.ends = list(itertools.accumulate(len(piece) for piece in pieces * (MAX_TOKENS[ECHO] // len(pieces) + 1)))
+        self.ends = list(itertools.accumulate(len(piece) for piece in pieces * (64 // len(pieces) + 1)))
         self.chars = 0
         self.tokens = 0
 
@@ -150,7 +195,7 @@ def edge_stream(http: aiohttp.ClientSession, tokenizer: Any, model: str) -> Stre
     body = {"model": model, "prompt": PROMPT, "max_tokens": MAX_TOKENS[model], "temperature": 0, "stream": True}
 
     async def stream(on_tokens: OnTokens) -> None:
-        count: Callable[[str], int] = EchoTokens(tokenizer) if model == ECHO else \
+        count: Callable[[str], int] = EchoTokens(tokenizer) if model in ECHOES else \
             (lambda text: len(tokenizer.encode(text, add_special_tokens=False)))  # SmolLM2: about one per chunk
         async with http.post("/v1/completions", json=body) as response:
             response.raise_for_status()
@@ -163,8 +208,8 @@ def edge_stream(http: aiohttp.ClientSession, tokenizer: Any, model: str) -> Stre
 
 async def run(seconds: float) -> dict[str, Any]:
     smollm2 = str(default_models_dir() / SMOLLM2)
-    entries = [{"name": ECHO, "path": smollm2}, {"name": SMOLLM2, "path": smollm2}]
-    with private_stack({"llm": entries}, [ECHO, SMOLLM2], (ROOT / "tests" / "triton_models",)) as stack:
+    entries = [{"name": name, "path": smollm2} for name in (*ECHOES, SMOLLM2)]  # backends detected
+    with private_stack({"llm": entries}, [*ECHOES, SMOLLM2], (ROOT / "tests" / "triton_models",)) as stack:
         assert stack.triton is not None
         tokenizer = AutoTokenizer.from_pretrained(smollm2)
         triton = InferenceServerClient(stack.triton.grpc_url)
@@ -179,7 +224,7 @@ async def run(seconds: float) -> dict[str, Any]:
                 await measure(stream, 1, 1.0)  # warm up
                 meter.start()
                 row[name] = await measure(stream, concurrency, seconds)
-                await asyncio.sleep(1.0)  # let cancelled requests drain out of the model
+                await asyncio.sleep(1.0)  # a pause between points
             row["cpu_us_per_token"] = meter.per(int(row["edge"]["tokens_per_s"] * seconds))
             row["tokens_per_s_ratio"] = ratio(row["edge"]["tokens_per_s"], row["direct_triton"]["tokens_per_s"])
             if row["edge"]["ttft_p50_ms"] is not None and row["direct_triton"]["ttft_p50_ms"] is not None:

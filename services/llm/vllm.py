@@ -5,8 +5,8 @@ Inputs: `text_input` (the prompt as text), `stream` true, `exclude_input_in_outp
 `include_stop_str_in_output`, penalties, `min_tokens`, `ignore_eos`, `logprobs`, `skip_special_tokens`,
 `lora_name`) and `return_finish_reason`, `return_num_input_tokens`, `return_num_output_tokens`,
 `return_logprobs` where declared. Only keys that differ from vLLM's defaults are sent: the backend builds
-`SamplingParams(**json)`, and a key its vLLM does not know makes it drop all of them (it logs the error and
-samples with the defaults).
+`SamplingParams(**json)`, and a key its vLLM does not know fails the request (`TritonSamplingParams.from_dict`
+logs the error and returns nothing, and the request ends with an error response).
 
 Outputs: `text_output`, the new text of each response (vLLM detokenizes incrementally and holds back what
 may begin a stop string); `finish_reason` ("None" until the last response, then "stop" or "length";
@@ -31,7 +31,7 @@ from services.llm.tensors import CumulativeText, ModelInterface, int_value, refu
 
 REQUIRED_INPUTS = ("text_input", "sampling_parameters")
 # Knobs that need a backend flag; vLLM's SamplingParams has all the others, except bans of token ids and
-# word lists (`logit_bias` and `bad_words` exist only in newer vLLM, and an unknown key loses every key).
+# word lists (`logit_bias` and `bad_words` exist only in newer vLLM, and an unknown key fails the request).
 _FLAG_KNOBS: dict[Knob, tuple[str, str]] = {"logprobs": ("return_logprobs", "logprobs"),
                                             "top_logprobs": ("return_logprobs", "logprobs")}
 _UNSUPPORTED: set[Knob] = {"bad_words", "logit_bias"}

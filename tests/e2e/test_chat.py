@@ -1,7 +1,8 @@
 """/v1/chat/completions end to end: the openai SDK and raw HTTP → edge → llm service → real Triton.
 
-SmolLM2 answers for real (few, short requests: it runs on this CPU); ft-echo, whose continuation
-repeats the prompt SmolLM2's chat template made, gives exact text and chunks.
+SmolLM2 answers for real (few, short requests: it runs on this CPU); the echo models, one per Triton LLM
+interface (the `backend` fixture, tests.support.backends), whose continuation repeats the prompt
+SmolLM2's chat template made, give exact text and chunks.
 """
 
 from __future__ import annotations
@@ -13,19 +14,20 @@ import httpx
 import openai
 import pytest
 
+from launcher.stack import DEMO_LLMS
+from tests.support.backends import EchoBackend
 from tests.support.openai_schema import validate
 from tests.support.streams import stream_chunks, stream_events
 
 SMOLLM2 = "smollm2-135m-instruct"
-ECHO = "ft-echo"
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
-# What ft-echo answers to any conversation without a system message: SmolLM2's template adds its default
+# What an echo model answers to any conversation without a system message: SmolLM2's template adds its default
 # system message first, and the echo ends at that message's <|im_end|>, the end id.
 DEFAULT_SYSTEM = "system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
 
 
-def chat(http: httpx.Client, **body: Any) -> dict[str, Any]:
-    response = http.post("/v1/chat/completions", json={"model": ECHO, "messages": [{"role": "user", "content": "hi"}],
+def chat(http: httpx.Client, model: str, **body: Any) -> dict[str, Any]:
+    response = http.post("/v1/chat/completions", json={"model": model, "messages": [{"role": "user", "content": "hi"}],
                                                        **body})
     assert response.status_code == 200, response.text
     result = response.json()
@@ -34,9 +36,9 @@ def chat(http: httpx.Client, **body: Any) -> dict[str, Any]:
     return result
 
 
-def chunks(http: httpx.Client, **body: Any) -> list[dict[str, Any]]:
+def chunks(http: httpx.Client, model: str, **body: Any) -> list[dict[str, Any]]:
     result = stream_chunks(http, "/v1/chat/completions", {
-        "model": ECHO, "messages": [{"role": "user", "content": "hi"}], "stream": True, **body})
+        "model": model, "messages": [{"role": "user", "content": "hi"}], "stream": True, **body})
     for chunk in result:
         validate(chunk, "CreateChatCompletionStreamResponse")
         assert chunk["object"] == "chat.completion.chunk" and chunk["id"] == result[0]["id"]
@@ -44,14 +46,16 @@ def chunks(http: httpx.Client, **body: Any) -> list[dict[str, Any]]:
     return result
 
 
-def test_smollm2_knows_the_capital_of_france(client: openai.OpenAI) -> None:
-    answers = [client.chat.completions.create(model=SMOLLM2, messages=FRANCE, temperature=0, max_tokens=12)
+@pytest.mark.parametrize("model", DEMO_LLMS.values())
+def test_smollm2_knows_the_capital_of_france(client: openai.OpenAI, model: str) -> None:
+    """The demo LLM behind each Triton LLM interface (FasterTransformer, TensorRT-LLM, its ensemble, vLLM)."""
+    answers = [client.chat.completions.create(model=model, messages=FRANCE, temperature=0, max_tokens=12)
                for _ in range(2)]
     for answer in answers:
         assert "Paris" in (answer.choices[0].message.content or "")
         assert answer.choices[0].message.role == "assistant" and answer.usage is not None
     assert answers[0].choices[0].message.content == answers[1].choices[0].message.content  # temperature 0
-    stream = client.chat.completions.create(model=SMOLLM2, messages=FRANCE, temperature=0, max_tokens=12,
+    stream = client.chat.completions.create(model=model, messages=FRANCE, temperature=0, max_tokens=12,
                                             stream=True)
     streamed = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
     assert "Paris" in streamed
@@ -67,77 +71,88 @@ def test_a_seed_makes_sampling_repeatable(client: openai.OpenAI) -> None:
     assert first and sample() == first
 
 
-def test_exact_chunks_role_first_then_content_then_the_reason(http: httpx.Client) -> None:
-    result = chunks(http)
+def test_exact_chunks_role_first_then_content_then_the_reason(http: httpx.Client, backend: EchoBackend) -> None:
+    result = chunks(http, backend.model)
     assert result[0]["choices"] == [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                                      "finish_reason": None}]
     assert all(c["choices"][0]["finish_reason"] is None for c in result[:-1])
     assert "".join(c["choices"][0]["delta"].get("content", "") for c in result) == DEFAULT_SYSTEM
     assert result[-1]["choices"] == [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop"}]
-    whole = chat(http)
+    whole = chat(http, backend.model)
     assert whole["object"] == "chat.completion" and whole["id"].startswith("chatcmpl-")
     assert whole["choices"] == [{"index": 0, "message": {"role": "assistant", "content": DEFAULT_SYSTEM,
                                                          "refusal": None},
                                  "logprobs": None, "finish_reason": "stop"}]
-    assert whole["usage"]["completion_tokens"] == 20  # 19 tokens of text and the end id
+    # 19 tokens of text and the end id, which TensorRT-LLM leaves out of its output and counts.
+    assert whole["usage"]["completion_tokens"] == (20 if backend.counts_end_token else 19)
 
 
-def test_system_message_and_text_parts(http: httpx.Client) -> None:
+def test_system_message_and_text_parts(http: httpx.Client, backend: EchoBackend) -> None:
     parts = [{"type": "text", "text": "Answer"}, {"type": "text", "text": "briefly."}]
     messages = [{"role": "system", "content": parts}, {"role": "user", "content": "hi"}]
-    assert chat(http, messages=messages)["choices"][0]["message"]["content"] == "system\nAnswer\nbriefly."
+    answer = chat(http, backend.model, messages=messages)["choices"][0]["message"]["content"]
+    assert answer == "system\nAnswer\nbriefly."
 
 
-def test_stop_length_and_n(http: httpx.Client) -> None:
-    stopped = chat(http, stop=" helpful")["choices"][0]
+def test_stop_length_and_n(http: httpx.Client, backend: EchoBackend) -> None:
+    # Paced: the stop's cancellation reaches the model mid-generation, not as it ends (see test_completions.ROOM).
+    stopped = chat(http, backend.slow, stop=" helpful")["choices"][0]
     assert stopped["message"]["content"] == "system\nYou are a" and stopped["finish_reason"] == "stop"
-    cut = chat(http, max_tokens=3)["choices"][0]  # the first token is the skipped <|im_start|>
+    cut = chat(http, backend.model, max_tokens=3)["choices"][0]  # the first token is the skipped <|im_start|>
     assert cut["message"]["content"] == "system\n" and cut["finish_reason"] == "length"
-    result = chunks(http, n=2, max_tokens=3)
+    result = chunks(http, backend.model, n=2, max_tokens=3)
     assert [c["choices"][0]["delta"] for c in result[:2]] == [{"role": "assistant", "content": ""}] * 2
     assert [c["choices"][0]["index"] for c in result[:2]] == [0, 1]
     ends = [c["choices"][0] for c in result if c["choices"][0]["finish_reason"]]
     assert sorted(e["index"] for e in ends) == [0, 1] and {e["finish_reason"] for e in ends} == {"length"}
 
 
-def test_usage_chunk_then_done(http: httpx.Client, client: openai.OpenAI) -> None:
-    result = chunks(http, max_tokens=4, stream_options={"include_usage": True})
+def test_usage_chunk_then_done(http: httpx.Client, client: openai.OpenAI, backend: EchoBackend) -> None:
+    result = chunks(http, backend.model, max_tokens=4, stream_options={"include_usage": True})
     assert all(c["usage"] is None and c["choices"] for c in result[:-1])
     assert result[-1]["choices"] == [] and result[-1]["usage"] == {
         "prompt_tokens": 31, "completion_tokens": 4, "total_tokens": 35}
-    stream = client.chat.completions.create(model=ECHO, messages=[{"role": "user", "content": "hi"}], max_tokens=4,
-                                            stream=True, stream_options={"include_usage": True})
+    stream = client.chat.completions.create(model=backend.model, messages=[{"role": "user", "content": "hi"}],
+                                            max_tokens=4, stream=True, stream_options={"include_usage": True})
     last = list(stream)[-1]
     assert last.choices == [] and last.usage is not None and last.usage.total_tokens == 35
 
 
-def test_logprobs(http: httpx.Client) -> None:
-    choice = chat(http, max_tokens=3, logprobs=True)["choices"][0]
+def test_logprobs(http: httpx.Client, backend: EchoBackend) -> None:
+    if not backend.logprobs:  # the backend returns none: refused, naming the parameter and the backend
+        for stream in (False, True):
+            response = http.post("/v1/chat/completions", json={
+                "model": backend.model, "messages": [{"role": "user", "content": "hi"}], "logprobs": True,
+                "stream": stream})
+            assert response.status_code == 400 and response.json()["error"]["param"] == "logprobs"
+            assert backend.adapter in response.json()["error"]["message"]
+        return
+    choice = chat(http, backend.model, max_tokens=3, logprobs=True)["choices"][0]
     content = choice["logprobs"]["content"]
     assert [(e["token"], round(e["logprob"], 3)) for e in content] == [("<|im_start|>", -0.1), ("system", -0.2),
                                                                         ("\n", -0.3)]
     assert content[1]["bytes"] == list(b"system") and content[1]["top_logprobs"] == []
-    streamed = chunks(http, max_tokens=3, logprobs=True, top_logprobs=0)
+    streamed = chunks(http, backend.model, max_tokens=3, logprobs=True, top_logprobs=0)
     entries = [e for c in streamed[1:-1] for e in c["choices"][0]["logprobs"]["content"]]
     assert [e["token"] for e in entries] == ["<|im_start|>", "system", "\n"]
 
 
-def test_the_seeds_example_as_written(http: httpx.Client) -> None:
+def test_the_seeds_example_as_written(http: httpx.Client, backend: EchoBackend) -> None:
     """Denglin's manual, with its model name replaced: `"stream":false`, a system and a user message."""
     body = json.loads('''{
-    "model": "ft-echo", "stream":false,
+    "model": "MODEL", "stream":false,
     "messages": [
         {"role": "system", "content": "You are a helpful assistant."},
         {"role": "user", "content": "Who won the world series in 2020?"}
         ]
-    }''')
+    }'''.replace("MODEL", backend.model))
     result = chat(http, **body)
     assert result["choices"][0]["message"] == {"role": "assistant", "content": "system\nYou are a helpful assistant.",
                                                "refusal": None}
 
 
-def test_an_error_after_the_headers_is_an_sse_error_then_done(http: httpx.Client) -> None:
-    events = stream_events(http, "/v1/chat/completions", {"model": "ft-echo-failing", "stream": True,
+def test_an_error_after_the_headers_is_an_sse_error_then_done(http: httpx.Client, backend: EchoBackend) -> None:
+    events = stream_events(http, "/v1/chat/completions", {"model": backend.failing, "stream": True,
                                                           "messages": [{"role": "user", "content": "hi"}]})
     assert [e.name for e in events][-2:] == ["error", None] and events[-1].data == "[DONE]"
     assert json.loads(events[0].data)["choices"][0]["delta"] == {"role": "assistant", "content": ""}
@@ -167,10 +182,7 @@ def _bad_requests() -> list[tuple[str, dict[str, Any], int, str | None]]:
         ("max_tokens beyond the context", {"messages": hi, "max_tokens": 250}, 400, "max_tokens"),
         ("unknown model", {"model": "no-such-model", "messages": hi}, 404, "model"),
         ("embedding model", {"model": "all-minilm-l6-v2", "messages": hi}, 400, "model"),
-        ("frequency_penalty", {"messages": hi, "frequency_penalty": 0.5}, 400, "frequency_penalty"),
         ("tools", {"messages": hi, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
-        ("min_p on FasterTransformer", {"messages": hi, "min_p": 0.1}, 400, "min_p"),
-        ("ignore_eos on FasterTransformer", {"messages": hi, "ignore_eos": True}, 400, "ignore_eos"),
         ("min_p 2", {"messages": hi, "min_p": 2}, 400, "min_p"),
         ("stream_options without stream", {"messages": hi, "stream_options": {"include_usage": True}}, 400,
          "stream_options"),
@@ -178,28 +190,42 @@ def _bad_requests() -> list[tuple[str, dict[str, Any], int, str | None]]:
 
 
 @pytest.mark.parametrize(("case", "body", "status", "param"), _bad_requests(), ids=[c[0] for c in _bad_requests()])
-def test_bad_requests_get_openai_errors(http: httpx.Client, case: str, body: dict[str, Any], status: int,
-                                        param: str | None) -> None:
+def test_bad_requests_get_openai_errors(http: httpx.Client, backend: EchoBackend, case: str, body: dict[str, Any],
+                                        status: int, param: str | None) -> None:
     for stream in (False, True) if "stream_options" not in body else (False,):
-        response = http.post("/v1/chat/completions", json={"model": ECHO, **body, "stream": stream})
+        response = http.post("/v1/chat/completions", json={"model": backend.model, **body, "stream": stream})
         assert response.status_code == status, response.text
         error = response.json()
         validate(error, "ErrorResponse")
         assert error["error"]["param"] == param and "Traceback" not in response.text and "detail" not in error
-    assert chat(http, max_tokens=2)["choices"][0]["message"]["content"] == "system"
+    assert chat(http, backend.model, max_tokens=2)["choices"][0]["message"]["content"] == "system"
 
 
-def test_the_openai_sdk_raises_the_error_with_its_param(client: openai.OpenAI) -> None:
+def test_the_openai_sdk_raises_the_error_with_its_param(client: openai.OpenAI, backend: EchoBackend) -> None:
     with pytest.raises(openai.BadRequestError) as info:
-        client.chat.completions.create(model=ECHO, messages=[{"role": "user", "content": "hi"}], n=17)
+        client.chat.completions.create(model=backend.model, messages=[{"role": "user", "content": "hi"}], n=17)
     assert info.value.param == "n"
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "hi"}])
 
 
-def test_chat_template_kwargs_are_served_not_refused(http: httpx.Client) -> None:
+def test_chat_template_kwargs_are_served_not_refused(http: httpx.Client, backend: EchoBackend) -> None:
     """SmolLM2's template reads no extra variable, so the answer is the same as without them (that the
     template sees them is tests/unit/test_llm_chat_template.py's)."""
-    plain = chat(http, max_tokens=3)["choices"][0]["message"]["content"]
-    with_kwargs = chat(http, max_tokens=3, chat_template_kwargs={"enable_thinking": False})
+    plain = chat(http, backend.model, max_tokens=3)["choices"][0]["message"]["content"]
+    with_kwargs = chat(http, backend.model, max_tokens=3, chat_template_kwargs={"enable_thinking": False})
     assert with_kwargs["choices"][0]["message"]["content"] == plain
+
+
+def test_a_knob_the_backend_lacks_is_refused_naming_it_and_the_backend(http: httpx.Client,
+                                                                        backend: EchoBackend) -> None:
+    for param, value in backend.lacks.items():
+        extra = {"logprobs": True, "top_logprobs": value} if param == "top_logprobs" else {param: value}
+        for stream in (False, True):
+            response = http.post("/v1/chat/completions", json={
+                "model": backend.model, "messages": [{"role": "user", "content": "hi"}], "stream": stream, **extra})
+            assert response.status_code == 400, response.text
+            error = response.json()
+            validate(error, "ErrorResponse")
+            assert error["error"]["param"] == param and backend.adapter in error["error"]["message"], error
+    assert chat(http, backend.model, max_tokens=2)["choices"][0]["message"]["content"] == "system"

@@ -186,3 +186,33 @@ async def test_a_disconnect_cancels_a_text_backends_request(stub: llm_pb2_grpc.L
 
     await asyncio.to_thread(wait_until, lambda: bool(cancelled()), 10, "the model's cancellation")
     assert cancelled()[0]["tokens"] < 20
+
+
+async def test_a_model_no_adapter_can_drive_is_not_served_and_says_why(
+        model_config_file: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A Triton model whose configuration matches no LLM interface (here the MiniLM embedding model) is
+    refused at start-up: the reason, naming what was found, is logged and returned to its requests, and
+    the other models are served."""
+    config = json.loads(model_config_file.read_text())  # noqa: ASYNC240 (test set-up)
+    echo = next(entry for entry in config["llm"] if entry["name"] == "ft-echo")
+    config["llm"] = [echo, dict(echo, name="not-an-llm", triton_model="all-minilm-l6-v2")]
+    config["model_infos"] = [{"name": entry["name"], "max_len": 256} for entry in config["llm"]]
+    (tmp_path / "model_config.json").write_text(json.dumps(config))
+    triton = Triton()
+    with caplog.at_level("ERROR", logger="services"):
+        running = await start_service(build(load_model_config(tmp_path / "model_config.json"), triton), triton,
+                                      host="127.0.0.1", port=0)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
+            stub = llm_pb2_grpc.LlmServiceStub(channel)
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await generate(stub, completion("not-an-llm", "x"))
+            assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            details = str(info.value.details())
+            assert "`not-an-llm` cannot be served" in details and "matches none of the LLM interfaces" in details
+            assert "input_ids INT64" in details and "attention_mask" in details  # what was found
+            assert text(await generate(stub, completion("ft-echo", "still here", max_tokens=2))) == "still here"
+    finally:
+        await running.stop(1)
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert any("not-an-llm cannot be served" in e and "matches none of the LLM interfaces" in e for e in errors), errors

@@ -8,13 +8,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+from launcher.stack import ALL_DEMO_LLMS_CONFIG, DEMO_LLM_REPOSITORY
+from tests.support.backends import ECHO_MODELS, echo_variants
 from tests.support.ports import free_port
 from tritongate.registry import NAMES, SERVICES
 from tritongate.settings import DEPLOY_DIR, Settings
 
 TESTS = Path(__file__).resolve().parents[1]
-# The test Triton serves the demo models and the test models (ft-echo).
-TEST_REPOSITORIES = (DEPLOY_DIR / "triton", TESTS / "triton_models")
+# The test Triton serves the demo models, the demo LLM behind each Triton LLM interface (what
+# `tritongate up --demo-llm all` adds) and the test models (the echo models).
+TEST_REPOSITORIES = (DEPLOY_DIR / "triton", DEMO_LLM_REPOSITORY, TESTS / "triton_models")
 # The demo LLM (a folder of the model cache); its tokenizer is the one the LLM tests use.
 DEMO_LLM = "smollm2-135m-instruct"
 # The test stack's request body limit (smaller than the default, so that tests can exceed it cheaply).
@@ -23,8 +26,19 @@ BODY_LIMIT = 4 * 1024 * 1024
 
 def write_model_config(triton_grpc_url: str, directory: Path) -> Path:
     """tests/model_config.json (the format of Denglin's openai_api) with every model pointed at the given
-    Triton, written to `directory`."""
+    Triton, plus the demo LLMs of `tritongate up --demo-llm all` and each echo model's `-slow` and
+    `-failing` variants (tests.support.backends), written to `directory`."""
     config = json.loads((TESTS / "model_config.json").read_text())
+    infos = {info["name"]: info for info in config["model_infos"]}
+    demo = json.loads(ALL_DEMO_LLMS_CONFIG.read_text())
+    config["llm"] += [entry for entry in demo["llm"] if entry["name"] not in infos]
+    config["model_infos"] += [info for info in demo["model_infos"] if info["name"] not in infos]
+    for entry in [entry for entry in config["llm"] if entry["name"] in ECHO_MODELS]:
+        for variant in echo_variants(entry):
+            if variant["name"] in infos:  # written out in the file (other tests read it directly)
+                continue
+            config["llm"].append(variant)
+            config["model_infos"].append(dict(infos[entry["name"]], name=variant["name"]))
     for service in SERVICES:
         for entry in config.get(service.section, []):
             entry["url"] = triton_grpc_url
