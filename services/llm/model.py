@@ -204,8 +204,10 @@ class LanguageModel(ServedModel):
                     delta = completion.add(step)
                     if delta is not None:
                         yield delta
-                    if completion.done:
+                    if completion.stopped:
                         break  # closing the stream cancels the Triton request
+                    # At its token limit the backend ends by itself: reading on (nothing more is taken)
+                    # spares Triton a cancellation racing the request's own end.
         yield completion.finish()
 
 
