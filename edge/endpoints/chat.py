@@ -69,6 +69,9 @@ class ChatCompletionRequest(GenerationRequest):
     tools: Annotated[list[Any] | None, WithJsonSchema({"anyOf": [{"type": "array", "maxItems": 0},
                                                                   {"type": "null"}]})] = None  # not yet
     tool_choice: Annotated[Any, WithJsonSchema({"enum": ["none", "auto", None]})] = None
+    # For reasoning models; reaches the chat template as the variable `reasoning_effort` (as vLLM does for
+    # templates that read it, e.g. gpt-oss); templates that do not read it ignore it.
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
     # Extension (vLLM, SGLang): extra variables for the chat template, e.g. {"enable_thinking": false}.
     chat_template_kwargs: dict[str, Any] | None = None
 
@@ -90,8 +93,10 @@ def to_proto(body: ChatCompletionRequest) -> llm_pb2.GenerateRequest:
     messages = [llm_pb2.ChatMessage(role=m.role, content=m.content, name=m.name or "") for m in body.messages]
     proto = body.proto(body.max_completion_tokens or body.max_tokens, chat=llm_pb2.Chat(messages=messages),
                        logprobs=bool(body.logprobs), top_logprobs=body.top_logprobs or 0)
-    if body.chat_template_kwargs:
-        proto.chat_template_kwargs.update(body.chat_template_kwargs)
+    variables = {**({"reasoning_effort": body.reasoning_effort} if body.reasoning_effort else {}),
+                 **(body.chat_template_kwargs or {})}
+    if variables:
+        proto.chat_template_kwargs.update(variables)
     return proto
 
 

@@ -11,9 +11,8 @@ from pydantic import Field, WithJsonSchema, field_validator, model_validator
 from edge.endpoints.common import UINT32_MAX, OpenAIRequest, ParamError
 from tritongate.common.v1 import common_pb2
 from tritongate.llm.v1 import llm_pb2
-from tritongate.wire import MAX_N
+from tritongate.wire import MAX_N, MAX_STOPS
 
-MAX_STOPS = 4  # OpenAI's limit
 FLOAT32_MAX = 3.4028234e38
 
 Temperature = Annotated[float, Field(ge=0, le=2)]

@@ -161,7 +161,8 @@ def _bad_requests() -> list[tuple[str, dict[str, Any], int, str | None]]:
         ("top_p 1.1", {"messages": hi, "top_p": 1.1}, 400, "top_p"),
         ("max_tokens negative", {"messages": hi, "max_tokens": -5}, 400, "max_tokens"),
         ("max_tokens 0", {"messages": hi, "max_tokens": 0}, 400, "max_tokens"),
-        ("five stop strings", {"messages": hi, "stop": ["1", "2", "3", "4", "5"]}, 400, "stop"),
+        ("17 stop strings", {"messages": hi, "stop": [str(i) for i in range(17)]}, 400, "stop"),
+        ("reasoning_effort unknown", {"messages": hi, "reasoning_effort": "extreme"}, 400, "reasoning_effort"),
         ("prompt longer than the context", {"messages": [{"role": "user", "content": "word " * 300}]}, 400,
          "messages"),
         ("max_tokens beyond the context", {"messages": hi, "max_tokens": 250}, 400, "max_tokens"),
@@ -203,3 +204,12 @@ def test_chat_template_kwargs_are_served_not_refused(http: httpx.Client) -> None
     plain = chat(http, max_tokens=3)["choices"][0]["message"]["content"]
     with_kwargs = chat(http, max_tokens=3, chat_template_kwargs={"enable_thinking": False})
     assert with_kwargs["choices"][0]["message"]["content"] == plain
+    assert chat(http, max_tokens=3, reasoning_effort="low")["choices"][0]["message"]["content"] == plain
+
+
+def test_sixteen_stop_strings_as_autocomplete_clients_send_them(http: httpx.Client) -> None:
+    stops = [f"\n{word}" for word in ("def", "class", "if", "#", "//", "/*", "```", "<|", "print")]
+    stops += ["zz1", "zz2", "zz3", "zz4", "zz5", "zz6", " helpful"]
+    assert len(stops) == 16
+    stopped = chat(http, stop=stops)["choices"][0]
+    assert stopped["message"]["content"] == "system\nYou are a" and stopped["finish_reason"] == "stop"
