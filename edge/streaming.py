@@ -57,7 +57,7 @@ async def _chunks(generation: Generation, accepted: llm_pb2.Accepted, shape: Sha
             if opening is not None:
                 yield chunk(opening)
         async for delta in generation.deltas():
-            if delta.text or delta.logprobs:
+            if delta.text or delta.logprobs or delta.tool_calls:
                 yield chunk(shape.delta(delta))
             if delta.finish_reason:
                 yield chunk(shape.end(delta.index, delta.finish_reason))
@@ -71,9 +71,5 @@ async def _collect(generation: Generation, accepted: llm_pb2.Accepted, shape: Sh
                    ) -> dict[str, Any]:
     choices = [Collected() for _ in range(accepted.choices)]
     async for delta in generation.deltas():
-        choice = choices[delta.index]
-        choice.parts.append(delta.text)
-        choice.logprobs.extend(delta.logprobs)
-        if delta.finish_reason:
-            choice.finish_reason = delta.finish_reason
+        choices[delta.index].add(delta)
     return shape.response(head, choices, generation.usage)

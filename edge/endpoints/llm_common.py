@@ -135,6 +135,20 @@ class Collected:
         self.parts: list[str] = []
         self.logprobs: list[llm_pb2.TokenLogprob] = []
         self.finish_reason = "stop"
+        self.tool_calls: list[dict[str, str]] = []  # id, name, arguments (JSON text) of each call
+
+    def add(self, delta: llm_pb2.Delta) -> None:
+        self.parts.append(delta.text)
+        self.logprobs.extend(delta.logprobs)
+        for piece in delta.tool_calls:
+            while len(self.tool_calls) <= piece.index:
+                self.tool_calls.append({"id": "", "name": "", "arguments": ""})
+            call = self.tool_calls[piece.index]
+            call["id"] = piece.id or call["id"]
+            call["name"] = piece.name or call["name"]
+            call["arguments"] += piece.arguments
+        if delta.finish_reason:
+            self.finish_reason = delta.finish_reason
 
     @property
     def text(self) -> str:
