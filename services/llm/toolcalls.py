@@ -84,9 +84,11 @@ class _CallObject:
         self.sent_arguments = 0
         self.done = False
         self.broken = False  # not a call object after all
+        self.text = ""  # every character fed
 
     def feed(self, char: str) -> None:
         """One character; sets `done` after the closing brace, `broken` on anything unexpected."""
+        self.text += char
         if self.state == "start":
             if char == "{":
                 self.state = "key"
@@ -133,11 +135,15 @@ class _CallObject:
                 self.arguments += char
         if ended == "more":
             return
-        if self.key == "name":
-            name = json.loads(self.raw)
-            self.name = name if isinstance(name, str) else str(name)
-        elif self.key in ARGUMENT_KEYS and self.value.kind == "string":
-            self.arguments = json.loads(self.raw)
+        try:
+            if self.key == "name":
+                name = json.loads(self.raw)
+                self.name = name if isinstance(name, str) else str(name)
+            elif self.key in ARGUMENT_KEYS and self.value.kind == "string":
+                self.arguments = json.loads(self.raw)
+        except ValueError:  # e.g. a template's placeholder: {"name": <function-name>}
+            self.broken = True
+            return
         self.state = "after"
         if ended == "end_before":
             self.feed(char)
@@ -167,10 +173,16 @@ class ToolCallParser:
 
     def __init__(self, parallel: bool = True) -> None:
         self.parallel = parallel
-        self.calls = 0  # calls started
         self.pending = ""  # text not yet decided (may be the start of markup)
         self.call: _CallObject | None = None
-        self.ids: list[str] = []
+        self.sending = False  # the current call's pieces go out (it has a name, and is allowed)
+        self.unsent: str | None = None  # see _call_char
+        self.ids: list[str] = []  # of the calls sent, in order
+
+    @property
+    def calls(self) -> int:
+        """Calls sent so far (markup that turned out not to hold a call does not count)."""
+        return len(self.ids)
 
     def feed(self, text: str) -> tuple[str, list[llm_pb2.ToolCallDelta]]:
         """More of the completion's text → (content, tool call pieces)."""
@@ -182,25 +194,26 @@ class ToolCallParser:
         return ("" if self.calls else rest), []
 
     def _call_char(self, char: str, out: list[llm_pb2.ToolCallDelta]) -> bool:
-        """Feed a character to the current call; True when the call has ended (or was not a call)."""
+        """Feed a character to the current call; True when the call has ended (or was not a call: then
+        `unsent` holds what it took before the character that showed it, if none of it was sent)."""
         call = self.call
         assert call is not None
         call.feed(char)
-        index = self.calls - 1
-        if self.parallel or index == 0:
-            name, arguments = call.pieces()
-            if name is not None:
-                self.ids.append(call_id())
-                out.append(llm_pb2.ToolCallDelta(index=index, id=self.ids[index], name=name, arguments=arguments))
-            elif arguments:
-                _append(out, index, arguments)
+        name, arguments = call.pieces()
+        if name is not None and not call.broken and (self.parallel or not self.ids):
+            self.sending = True
+            self.ids.append(call_id())
+            out.append(llm_pb2.ToolCallDelta(index=self.calls - 1, id=self.ids[-1], name=name, arguments=arguments))
+        elif arguments and self.sending:
+            _append(out, self.calls - 1, arguments)
+        self.unsent = call.text[:-1] if call.broken and not self.sending else None
         if call.done or call.broken:
+            self.sending = False
             self.call = None
             return True
         return False
 
     def _start_call(self) -> None:
-        self.calls += 1
         self.call = _CallObject()
 
 
@@ -225,7 +238,10 @@ class HermesParser(ToolCallParser):
         for char in text:
             if self.call is not None:
                 self.closing = self._call_char(char, out)
-                continue
+                if self.unsent is None:
+                    continue
+                content.append(self._content(self.START + self.unsent))  # markup without a call: text
+                self.closing = False
             self.pending += char
             if self.closing:
                 head = self.pending.lstrip(WHITESPACE)
@@ -356,7 +372,6 @@ class NamedParser(ToolCallParser):
             text = text.lstrip(WHITESPACE)
             if not text:
                 return "", []
-            self.calls = 1
             self.ids.append(call_id())
             return "", [llm_pb2.ToolCallDelta(index=0, id=self.ids[0], name=self.name, arguments=text)]
         return "", [llm_pb2.ToolCallDelta(index=0, arguments=text)] if text else []

@@ -44,7 +44,8 @@ def parameters(tool: llm_pb2.Tool) -> dict[str, Any]:
 
 def tool_objects(chat: llm_pb2.Chat) -> list[dict[str, Any]]:
     """The tools as OpenAI's objects, for the template."""
-    return [{"type": "function", "function": {"name": tool.name, "description": tool.description,
+    return [{"type": "function", "function": {"name": tool.name,
+                                              **({"description": tool.description} if tool.description else {}),
                                               "parameters": parameters(tool)}} for tool in chat.tools]
 
 

@@ -21,6 +21,8 @@ ECHO = "ft-echo"
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
 # What ft-echo answers to any conversation without a system message: SmolLM2's template adds its default
 # system message first, and the echo ends at that message's <|im_end|>, the end id.
+TOOL = {"type": "function", "function": {"name": "get_time", "parameters": {
+    "type": "object", "properties": {"zone": {"type": "string"}}}}}
 DEFAULT_SYSTEM = "system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
 
 
@@ -169,7 +171,27 @@ def _bad_requests() -> list[tuple[str, dict[str, Any], int, str | None]]:
         ("unknown model", {"model": "no-such-model", "messages": hi}, 404, "model"),
         ("embedding model", {"model": "all-minilm-l6-v2", "messages": hi}, 400, "model"),
         ("frequency_penalty", {"messages": hi, "frequency_penalty": 0.5}, 400, "frequency_penalty"),
-        ("tools", {"messages": hi, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
+        ("tool_choice naming a tool not in tools", {"messages": hi, "tools": [TOOL], "tool_choice": {
+            "type": "function", "function": {"name": "other"}}}, 400, "tool_choice"),
+        ("tools with non-object parameters", {"messages": hi, "tools": [
+            {"type": "function", "function": {"name": "f", "parameters": [1]}}]}, 400, "tools"),
+        ("json_schema without schema", {"messages": hi, "response_format": {
+            "type": "json_schema", "json_schema": {"name": "x"}}}, 400, "response_format"),
+        ("invalid JSON Schema", {"messages": hi, "response_format": {"type": "json_schema", "json_schema": {
+            "name": "x", "schema": {"type": "object", "required": "a"}}}}, 400, "response_format"),
+        ("json_schema on FasterTransformer", {"messages": hi, "response_format": {
+            "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}}, 400,
+         "response_format"),
+        ("json_object on FasterTransformer", {"messages": hi, "response_format": {"type": "json_object"}}, 400,
+         "response_format"),
+        ("required on FasterTransformer", {"messages": hi, "tools": [TOOL], "tool_choice": "required"}, 400,
+         "tool_choice"),
+        ("tool message without tool_call_id", {"messages": [*hi, {"role": "tool", "content": "21"}]}, 400,
+         "messages[1].tool_call_id"),
+        ("129 tools", {"messages": hi, "tools": [
+            {"type": "function", "function": {"name": f"f{i}"}} for i in range(129)]}, 400, "tools"),
+        ("schema over the size limit", {"messages": hi, "tools": [{"type": "function", "function": {
+            "name": "f", "parameters": {"type": "object", "description": "x" * 70_000}}}]}, 400, "tools"),
         ("min_p on FasterTransformer", {"messages": hi, "min_p": 0.1}, 400, "min_p"),
         ("ignore_eos on FasterTransformer", {"messages": hi, "ignore_eos": True}, 400, "ignore_eos"),
         ("min_p 2", {"messages": hi, "min_p": 2}, 400, "min_p"),
@@ -213,3 +235,28 @@ def test_sixteen_stop_strings_as_autocomplete_clients_send_them(http: httpx.Clie
     assert len(stops) == 16
     stopped = chat(http, stop=stops)["choices"][0]
     assert stopped["message"]["content"] == "system\nYou are a" and stopped["finish_reason"] == "stop"
+
+
+def test_tools_reach_a_template_without_tool_support_in_the_hermes_format(http: httpx.Client) -> None:
+    """SmolLM2's template renders no tools: they are described in the system message, which ft-echo repeats
+    until its context is full. No tool call comes of it."""
+    result = chat(http, tools=[TOOL])["choices"][0]
+    content = result["message"]["content"]
+    assert content.startswith("system\nYou may call one or more functions")
+    assert f"<tools>\n{json.dumps(TOOL)}\n</tools>" in content
+    assert "tool_calls" not in result["message"] and result["finish_reason"] == "length"  # the context is full
+    assert chat(http, tools=[TOOL], tool_choice="none")["choices"][0]["message"]["content"].startswith(DEFAULT_SYSTEM)
+
+
+def test_an_agents_turn_is_replayed_to_the_template(http: httpx.Client) -> None:
+    """ft-echo repeats the rendered system message: an earlier call and its result are in the prompt."""
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_time", "arguments": '{"zone": "UTC"}'}}
+    messages = [{"role": "system", "content": "Tools."}, {"role": "user", "content": "time?"},
+                {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "12:00"}]
+    response = http.post("/v1/chat/completions", json={"model": ECHO, "messages": messages, "tools": [TOOL],
+                                                       "tool_choice": "none", "max_tokens": 3})
+    assert response.status_code == 200, response.text
+    usage = response.json()["usage"]["prompt_tokens"]
+    without = http.post("/v1/chat/completions", json={"model": ECHO, "messages": messages[:2], "max_tokens": 3})
+    assert usage > without.json()["usage"]["prompt_tokens"] + 20  # the call and its result are in the prompt
