@@ -217,8 +217,9 @@ class LanguageModel(ServedModel):
                             break  # closing the stream cancels the Triton request
                 except ServiceError as exc:
                     if sampling.guide and not completion.consumed and GRAMMAR_FAILURE.search(exc.message):
+                        first_line = exc.message.strip().splitlines()[0]  # never a backend's traceback
                         raise invalid_argument(f"`{guide_param}` cannot be enforced on model `{self.name}`: the "
-                                               f"backend's grammar compiler rejected it ({exc.message})",
+                                               f"backend's grammar compiler rejected it ({first_line})",
                                                guide_param) from None
                     raise
         last = completion.finish()
