@@ -119,7 +119,7 @@ async def _events(generation: Generation, accepted: llm_pb2.Accepted, framing: F
         for event in framing.start(accepted):
             yield event
         async for delta in generation.deltas():
-            if delta.text or delta.logprobs:
+            if delta.text or delta.logprobs or delta.tool_calls:
                 for event in framing.delta(delta):
                     yield event
             if delta.finish_reason:
@@ -135,9 +135,5 @@ async def _collect(generation: Generation, accepted: llm_pb2.Accepted, collector
                    head: dict[str, Any]) -> dict[str, Any]:
     choices = [Collected() for _ in range(accepted.choices)]
     async for delta in generation.deltas():
-        choice = choices[delta.index]
-        choice.parts.append(delta.text)
-        choice.logprobs.extend(delta.logprobs)
-        if delta.finish_reason:
-            choice.finish_reason = delta.finish_reason
+        choices[delta.index].add(delta)
     return collector.response(head, choices, generation.usage)

@@ -138,6 +138,10 @@ class LlmModel(TritonModelEntry):
         "default: its `accumulate_tokens` parameter"
     )
     lora_name: str | None = Field(None, description="vllm: the LoRA adapter every request of this model uses")
+    tool_parser: Literal["hermes", "llama3_json", "mistral"] | None = Field(
+        None, description="How the model writes tool calls; default: detected from its chat template (Hermes when "
+        "the template shows no tool markup)"
+    )
     triton_inputs: dict[str, float] = Field(
         default_factory=dict,
         description="Constant scalar inputs added to every Triton request (e.g. FT's `len_penalty`), by "

@@ -22,3 +22,7 @@ OVERLOADED = "overloaded"
 # configuration, which the llm service checks (default DEFAULT_MAX_N).
 MAX_N = 128
 DEFAULT_MAX_N = 16
+
+# `stop`: strings per request. OpenAI allows 4, but editors' autocomplete (e.g. Continue) sends 9 to 14 to
+# any other host; stop strings are matched on the text, so more cost little.
+MAX_STOPS = 16

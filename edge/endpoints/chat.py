@@ -5,34 +5,93 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Self
 
-from pydantic import Field, ValidationInfo, WithJsonSchema, field_validator, model_validator
+from pydantic import Field, PrivateAttr, ValidationInfo, WithJsonSchema, field_validator, model_validator
 
 from edge.endpoints.common import UINT32_MAX, Head, OpenAIRequest, ParamError, ResponseModel, Usage, usage_object
 from edge.endpoints.llm_common import Collected, GenerationRequest
+from edge.endpoints.tools import (
+    MAX_TOOLS,
+    call_json,
+    delta_json,
+    message_tool_calls,
+    response_guide,
+    tool_choice,
+    tool_list,
+)
 from tritongate.common.v1 import common_pb2
 from tritongate.llm.v1 import llm_pb2
 
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
-NOT_YET = ("tool", "function")
+# OpenAI's roles → the template's ("function" is the legacy role of a function's result: a tool message).
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool",
+         "function": "function"}
 # What the validators below accept, as /openapi.json declares it.
 TEXT_PART = {"type": "object", "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
              "required": ["type", "text"]}
-Content = Annotated[Any, WithJsonSchema({"anyOf": [{"type": "string"}, {"type": "array", "items": TEXT_PART}]})]
+Content = Annotated[Any, WithJsonSchema({"anyOf": [{"type": "string"}, {"type": "array", "items": TEXT_PART},
+                                                   {"type": "null"}]})]
+_FUNCTION = {"type": "object", "properties": {"name": {"type": "string"}, "description": {"type": "string"},
+                                              "parameters": {"type": "object"}, "strict": {"type": "boolean"}},
+             "required": ["name"]}
+_NAMED = {"type": "object", "properties": {"type": {"const": "function"}, "function": {
+    "type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}},
+          "required": ["type", "function"]}
+_CALL = {"type": "object", "properties": {"id": {"type": "string"}, "type": {"const": "function"}, "function": {
+    "type": "object", "properties": {"name": {"type": "string"}, "arguments": {"type": "string"}},
+    "required": ["name", "arguments"]}}, "required": ["id", "type", "function"]}
+ResponseFormat = Annotated[Any, WithJsonSchema({"anyOf": [
+    {"type": "object", "properties": {"type": {"enum": ["text", "json_object"]}}, "required": ["type"]},
+    {"type": "object", "properties": {"type": {"const": "json_schema"}, "json_schema": {
+        "type": "object", "properties": {"name": {"type": "string"}, "description": {"type": "string"},
+                                         "schema": {"type": "object"}, "strict": {"type": "boolean"}},
+        "required": ["name", "schema"]}}, "required": ["type", "json_schema"]},
+    {"type": "null"}]})]
+Tools = Annotated[Any, WithJsonSchema({"anyOf": [{"type": "array", "maxItems": MAX_TOOLS, "items": {
+    "type": "object", "properties": {"type": {"const": "function"}, "function": _FUNCTION},
+    "required": ["type", "function"]}}, {"type": "null"}]})]
+ToolChoiceJson = Annotated[Any, WithJsonSchema({"anyOf": [{"enum": ["none", "auto", "required"]}, _NAMED,
+                                                          {"type": "null"}]})]
 
 
 class ChatMessage(OpenAIRequest):
     role: Annotated[str, WithJsonSchema({"type": "string", "enum": list(ROLES)})]
-    content: Content = Field(...)
+    content: Content = Field(None, validate_default=True)
     name: str | None = None
+    # An assistant's calls (content may then be null), and the call a tool message answers.
+    tool_calls: Annotated[Any, WithJsonSchema({"type": "array", "items": _CALL})] = None
+    function_call: Annotated[Any, WithJsonSchema({"type": "object"})] = None  # legacy: one call
+    tool_call_id: str | None = Field(None, validate_default=True)
 
     @field_validator("role")
     @classmethod
     def _role(cls, value: str) -> str:
-        if value in NOT_YET:
-            raise ParamError(f"'{value}' messages are not supported yet (roles: system, user, assistant)")
         if value not in ROLES:
-            raise ParamError(f"unknown role {value!r}; expected one of system, developer, user, assistant")
+            raise ParamError(f"unknown role {value!r}; expected one of system, developer, user, assistant, tool")
         return ROLES[value]
+
+    @field_validator("tool_calls")
+    @classmethod
+    def _tool_calls(cls, value: Any, info: ValidationInfo) -> list[llm_pb2.ToolCall] | None:
+        if value is None:
+            return None
+        if info.data.get("role") != "assistant":
+            raise ParamError("only assistant messages have 'tool_calls'")
+        return message_tool_calls(value)
+
+    @field_validator("function_call")
+    @classmethod
+    def _function_call(cls, value: Any, info: ValidationInfo) -> list[llm_pb2.ToolCall] | None:
+        if value is None:
+            return None
+        if info.data.get("role") != "assistant":
+            raise ParamError("only assistant messages have a 'function_call'")
+        return message_tool_calls([{"function": value}])
+
+    @field_validator("tool_call_id")
+    @classmethod
+    def _tool_call_id(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if info.data.get("role") == "tool" and not value:
+            raise ParamError("a 'tool' message needs the 'tool_call_id' of the call it answers")
+        return value
 
     @field_validator("content")
     @classmethod
@@ -40,6 +99,8 @@ class ChatMessage(OpenAIRequest):
         """A string or a list of text parts (joined with newlines); other parts are refused."""
         if value is None and info.data.get("role") == "assistant":
             return ""
+        if value is None:
+            raise ParamError("'content' is required in a message of this role")
         if isinstance(value, str):
             return value
         if not isinstance(value, list):
@@ -62,36 +123,73 @@ class ChatCompletionRequest(GenerationRequest):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: Annotated[int, Field(ge=1, le=UINT32_MAX)] | None = None
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
-    response_format: Annotated[dict[str, Any] | None, WithJsonSchema({"anyOf": [
-        {"type": "object", "properties": {"type": {"const": "text"}}}, {"type": "null"}]})] = None
+    response_format: ResponseFormat = None
     logprobs: bool | None = False
     max_tokens: Annotated[int, Field(ge=1, le=UINT32_MAX)] | None = None
-    tools: Annotated[list[Any] | None, WithJsonSchema({"anyOf": [{"type": "array", "maxItems": 0},
-                                                                  {"type": "null"}]})] = None  # not yet
-    tool_choice: Annotated[Any, WithJsonSchema({"enum": ["none", "auto", None]})] = None
+    tools: Tools = None
+    tool_choice: ToolChoiceJson = None
+    parallel_tool_calls: bool | None = None
+    # Legacy function calling: mapped onto tools; the answer has `function_call` instead of `tool_calls`.
+    functions: Annotated[Any, WithJsonSchema({"anyOf": [{"type": "array", "maxItems": MAX_TOOLS, "items": _FUNCTION},
+                                                         {"type": "null"}]})] = None
+    function_call: Annotated[Any, WithJsonSchema({"anyOf": [{"enum": ["none", "auto"]}, {
+        "type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}, {"type": "null"}]})] = None
+    # For reasoning models; reaches the chat template as the variable `reasoning_effort` (as vLLM does for
+    # templates that read it, e.g. gpt-oss); templates that do not read it ignore it.
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
     # Extension (vLLM, SGLang): extra variables for the chat template, e.g. {"enable_thinking": false}.
     chat_template_kwargs: dict[str, Any] | None = None
 
+    _guide: llm_pb2.Guide | None = PrivateAttr(None)
+    _tools: list[llm_pb2.Tool] = PrivateAttr(default_factory=list)
+    _choice: llm_pb2.ToolChoice = PrivateAttr(default_factory=llm_pb2.ToolChoice)
+
     @model_validator(mode="after")
     def _rules(self) -> Self:
-        if self.tools:
-            raise ParamError("'tools' are not supported yet.", "tools")
-        if self.tool_choice not in (None, "none", "auto"):
-            raise ParamError("'tool_choice' needs 'tools', which are not supported yet.", "tool_choice")
-        kind = (self.response_format or {}).get("type", "text")
-        if kind != "text":
-            raise ParamError(f"'response_format' of type {kind!r} is not supported; only 'text'.", "response_format")
         if self.top_logprobs and not self.logprobs:
             raise ParamError("'top_logprobs' requires 'logprobs' to be true.", "top_logprobs")
+        self._guide = response_guide(self.response_format)
+        if self.functions is not None or self.function_call is not None:
+            if self.tools is not None or self.tool_choice is not None:
+                raise ParamError("use 'tools' and 'tool_choice', or the legacy 'functions' and 'function_call', "
+                                 "not both", "functions")
+            self._tools = tool_list(self.functions, "functions") if self.functions is not None else []
+            self._choice = tool_choice(self.function_call, self._tools, "function_call")
+        else:
+            self._tools = tool_list(self.tools, "tools") if self.tools is not None else []
+            self._choice = tool_choice(self.tool_choice, self._tools, "tool_choice")
+        if self._guide is not None and self._choice.mode in ("required", "function"):
+            raise ParamError("'response_format' cannot be combined with a 'tool_choice' that forces a call",
+                             "response_format")
         return self
+
+    @property
+    def legacy_functions(self) -> bool:
+        return self.functions is not None or self.function_call is not None
+
+
+def message_proto(message: ChatMessage) -> llm_pb2.ChatMessage:
+    calls = (message.tool_calls or []) + (message.function_call or [])  # legacy function_call: no id
+    tool_call_id = message.tool_call_id or (message.name or "" if message.role == "function" else "")
+    return llm_pb2.ChatMessage(role="tool" if message.role == "function" else message.role, content=message.content,
+                               name=message.name or "", tool_calls=calls, tool_call_id=tool_call_id)
 
 
 def to_proto(body: ChatCompletionRequest) -> llm_pb2.GenerateRequest:
-    messages = [llm_pb2.ChatMessage(role=m.role, content=m.content, name=m.name or "") for m in body.messages]
-    proto = body.proto(body.max_completion_tokens or body.max_tokens, chat=llm_pb2.Chat(messages=messages),
+    chat = llm_pb2.Chat(messages=[message_proto(m) for m in body.messages], tools=body._tools,
+                        tool_choice=body._choice)
+    if body.legacy_functions:
+        chat.parallel_tool_calls = False  # a legacy answer holds one function_call
+    elif body.parallel_tool_calls is not None:
+        chat.parallel_tool_calls = body.parallel_tool_calls
+    proto = body.proto(body.max_completion_tokens or body.max_tokens, chat=chat,
                        logprobs=bool(body.logprobs), top_logprobs=body.top_logprobs or 0)
-    if body.chat_template_kwargs:
-        proto.chat_template_kwargs.update(body.chat_template_kwargs)
+    if body._guide is not None:
+        proto.guide.CopyFrom(body._guide)
+    variables = {**({"reasoning_effort": body.reasoning_effort} if body.reasoning_effort else {}),
+                 **(body.chat_template_kwargs or {})}
+    if variables:
+        proto.chat_template_kwargs.update(variables)
     return proto
 
 
@@ -112,13 +210,26 @@ class ChoiceLogprobs(ResponseModel):
     refusal: None
 
 
+class FunctionCall(ResponseModel):
+    name: str
+    arguments: str  # a JSON object, as text
+
+
+class ToolCall(ResponseModel):
+    id: str
+    type: Literal["function"]
+    function: FunctionCall
+
+
 class AssistantMessage(ResponseModel):
     role: Literal["assistant"]
-    content: str | None
+    content: str | None  # null when the message only calls tools
     refusal: None
+    tool_calls: list[ToolCall] | None = None
+    function_call: FunctionCall | None = None  # instead of tool_calls, for legacy `functions`
 
 
-FinishReason = Literal["stop", "length"]
+FinishReason = Literal["stop", "length", "tool_calls", "function_call"]
 
 
 class Choice(ResponseModel):
@@ -134,9 +245,23 @@ class ChatCompletion(Head):
     usage: Usage
 
 
+class FunctionCallPiece(ResponseModel):
+    name: str | None = None  # in the call's first piece
+    arguments: str
+
+
+class ToolCallPiece(ResponseModel):
+    index: int
+    id: str | None = None  # id, type and name come in the call's first piece
+    type: Literal["function"] | None = None
+    function: FunctionCallPiece
+
+
 class ChunkDelta(ResponseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[ToolCallPiece] | None = None
+    function_call: FunctionCallPiece | None = None  # legacy `functions`
 
 
 class ChunkChoice(ResponseModel):
@@ -159,8 +284,9 @@ class ChatShape:
     object = "chat.completion.chunk"
     prefix = "chatcmpl"
 
-    def __init__(self, logprobs: bool) -> None:
+    def __init__(self, logprobs: bool, legacy_functions: bool = False) -> None:
         self.logprobs = logprobs
+        self.legacy = legacy_functions  # answer with `function_call`, as OpenAI did for `functions`
 
     def _logprobs(self, entries: list[llm_pb2.TokenLogprob]) -> dict[str, Any] | None:
         if not self.logprobs:
@@ -176,22 +302,40 @@ class ChatShape:
                 "finish_reason": None}
 
     def delta(self, delta: llm_pb2.Delta) -> dict[str, Any]:
-        return {"index": delta.index, "delta": {"content": delta.text},
-                "logprobs": self._logprobs(list(delta.logprobs)), "finish_reason": None}
+        body: dict[str, Any] = {"content": delta.text} if delta.text or not delta.tool_calls else {}
+        if delta.tool_calls and self.legacy:
+            body["function_call"] = delta_json(delta.tool_calls[0], legacy=True)
+        elif delta.tool_calls:
+            body["tool_calls"] = [delta_json(piece, legacy=False) for piece in delta.tool_calls]
+        return {"index": delta.index, "delta": body, "logprobs": self._logprobs(list(delta.logprobs)),
+                "finish_reason": None}
+
+    def _reason(self, finish_reason: str) -> str:
+        return "function_call" if self.legacy and finish_reason == "tool_calls" else finish_reason
 
     def end(self, index: int, finish_reason: str) -> dict[str, Any]:
-        return {"index": index, "delta": {}, "logprobs": None, "finish_reason": finish_reason}
+        return {"index": index, "delta": {}, "logprobs": None, "finish_reason": self._reason(finish_reason)}
+
+    def message(self, choice: Collected) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": choice.text, "refusal": None}
+        if choice.tool_calls:
+            message["content"] = choice.text or None
+            if self.legacy:
+                message["function_call"] = call_json(choice.tool_calls[0], legacy=True)
+            else:
+                message["tool_calls"] = [call_json(call, legacy=False) for call in choice.tool_calls]
+        return message
 
     def response(self, head: dict[str, Any], choices: list[Collected], usage: common_pb2.Usage) -> dict[str, Any]:
         return {
             **head,
             "object": "chat.completion",
-            "choices": [{"index": i, "message": {"role": "assistant", "content": c.text, "refusal": None},
-                         "logprobs": self._logprobs(c.logprobs), "finish_reason": c.finish_reason}
+            "choices": [{"index": i, "message": self.message(c), "logprobs": self._logprobs(c.logprobs),
+                         "finish_reason": self._reason(c.finish_reason)}
                         for i, c in enumerate(choices)],
             "usage": usage_object(usage),
         }
 
 
 def shape(body: ChatCompletionRequest) -> ChatShape:
-    return ChatShape(bool(body.logprobs))
+    return ChatShape(bool(body.logprobs), body.legacy_functions)

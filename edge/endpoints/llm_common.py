@@ -11,9 +11,8 @@ from pydantic import Field, WithJsonSchema, field_validator, model_validator
 from edge.endpoints.common import UINT32_MAX, OpenAIRequest, ParamError
 from tritongate.common.v1 import common_pb2
 from tritongate.llm.v1 import llm_pb2
-from tritongate.wire import MAX_N
+from tritongate.wire import MAX_N, MAX_STOPS
 
-MAX_STOPS = 4  # OpenAI's limit
 FLOAT32_MAX = 3.4028234e38
 
 Temperature = Annotated[float, Field(ge=0, le=2)]
@@ -136,6 +135,20 @@ class Collected:
         self.parts: list[str] = []
         self.logprobs: list[llm_pb2.TokenLogprob] = []
         self.finish_reason = "stop"
+        self.tool_calls: list[dict[str, str]] = []  # id, name, arguments (JSON text) of each call
+
+    def add(self, delta: llm_pb2.Delta) -> None:
+        self.parts.append(delta.text)
+        self.logprobs.extend(delta.logprobs)
+        for piece in delta.tool_calls:
+            while len(self.tool_calls) <= piece.index:
+                self.tool_calls.append({"id": "", "name": "", "arguments": ""})
+            call = self.tool_calls[piece.index]
+            call["id"] = piece.id or call["id"]
+            call["name"] = piece.name or call["name"]
+            call["arguments"] += piece.arguments
+        if delta.finish_reason:
+            self.finish_reason = delta.finish_reason
 
     @property
     def text(self) -> str:

@@ -31,6 +31,12 @@ DEFAULT_BATCH = 64
 MAX_BATCH_IDS = 256  # characters of the merged request ids a batched Triton call carries
 
 
+# LangChain's OpenAIEmbeddings sends tiktoken (cl100k) token ids by default, which are not the model's.
+_TIKTOKEN_HINT = (". Token ids must come from this model's tokenizer: LangChain's OpenAIEmbeddings sends "
+                  "OpenAI's tiktoken ids unless created with check_embedding_ctx_length=False (or "
+                  "tiktoken_enabled=False with this model's tokenizer).")
+
+
 @dataclass
 class Row:
     """One tokenized input."""
@@ -183,7 +189,8 @@ class EncoderModel(ServedModel):
             if bad is not None:
                 raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT,
                                    f"{param}[{i}] contains token id {bad}, outside the vocabulary of "
-                                   f"`{self.name}` (0..{self.vocab_size - 1})", param)
+                                   f"`{self.name}` (0..{self.vocab_size - 1})"
+                                   f"{_TIKTOKEN_HINT if param == 'input' else ''}", param)
 
     def _tensors(self, chunk: Sequence[Row]) -> tuple[dict[str, np.ndarray], np.ndarray]:
         width = max(len(row.input_ids) for row in chunk)

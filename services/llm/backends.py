@@ -22,6 +22,7 @@ Knob = Literal[
     "min_p", "min_tokens", "ignore_eos",
     "top_logprobs",  # the most likely alternatives at each position
     "special_tokens",  # special tokens decoded into the text (skip_special_tokens: false)
+    "guided_decoding",  # output constrained to a JSON Schema (response_format, tool_choice)
 ]
 
 # Finish reasons a backend may report; without one the service decides from the token count.
@@ -55,6 +56,7 @@ class Sampling:
     include_stop_str: bool = False  # the stop string that ended the completion stays in its text
     stop: list[str] = field(default_factory=list)  # stop strings, for backends that take text
     bad: list[str] = field(default_factory=list)  # banned words as text, for backends that take text
+    guide: str = ""  # a JSON Schema (JSON text) the output must match, by guided decoding; "": free text
 
 
 @dataclass

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
-from jinja2 import nodes
+from jinja2 import meta, nodes
 from jinja2.ext import Extension, loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -98,18 +98,24 @@ class ChatTemplate:
 
     def __init__(self, source: str, special_tokens: Mapping[str, Any], origin: str) -> None:
         self.origin = origin
+        self.source = source
+        environment = _environment()
         try:
-            self.template = _environment().from_string(source)
+            self.template = environment.from_string(source)
+            # Whether the template renders `tools` itself (else the service describes them: services/llm/tools.py).
+            self.uses_tools = "tools" in meta.find_undeclared_variables(environment.parse(source))
         except jinja2.TemplateSyntaxError as exc:
             raise ConfigError(f"chat template {origin}: line {exc.lineno}: {exc.message}") from None
         self.special_tokens = {key: value for key, value in special_tokens.items() if isinstance(value, str)}
 
     def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
-               variables: Mapping[str, Any] | None = None) -> str:
+               variables: Mapping[str, Any] | None = None, tools: Sequence[Mapping[str, Any]] | None = None) -> str:
         """`variables` (the request's `chat_template_kwargs`, e.g. `enable_thinking`) are extra names the
-        template sees; they cannot replace the messages or the generation prompt flag."""
-        context = {**self.special_tokens, "tools": None, "documents": None, **_plain(dict(variables or {})),
-                   "messages": _plain(list(messages)), "add_generation_prompt": add_generation_prompt}
+        template sees; they cannot replace the messages, the tools or the generation prompt flag. `tools`
+        are OpenAI's tool objects, as transformers' `apply_chat_template(tools=...)` gives them."""
+        context = {**self.special_tokens, "documents": None, **_plain(dict(variables or {})),
+                   "tools": _plain(list(tools)) if tools else None, "messages": _plain(list(messages)),
+                   "add_generation_prompt": add_generation_prompt}
         try:
             return self.template.render(**context)
         except jinja2.TemplateError as exc:  # raise_exception, undefined names, sandbox violations

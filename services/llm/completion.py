@@ -254,6 +254,12 @@ def coalesce(deltas: Sequence[llm_pb2.Delta]) -> list[llm_pb2.Delta]:
             continue
         into.text += delta.text
         into.logprobs.extend(delta.logprobs)
+        for piece in delta.tool_calls:  # a call's arguments joined, as its text is
+            last = into.tool_calls[-1] if into.tool_calls else None
+            if last is not None and last.index == piece.index and not piece.id:
+                last.arguments += piece.arguments
+            else:
+                into.tool_calls.append(piece)
         if delta.finish_reason:
             into.finish_reason = delta.finish_reason
     return list(merged.values())

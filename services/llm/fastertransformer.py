@@ -42,9 +42,10 @@ _KNOB_INPUTS: dict[Knob, str] = {
     "min_tokens": "min_length",
 }
 # What the service does itself for a token-level backend (special tokens: its detokenizer), and what FT
-# cannot do: it falls back to the end id of its config.ini when none is sent, so `ignore_eos` is refused.
+# cannot do: it falls back to the end id of its config.ini when none is sent, so `ignore_eos` is refused;
+# it has no guided decoding, so a JSON format or a forced tool call cannot be enforced.
 _SERVICE_KNOBS: dict[Knob, bool] = {"special_tokens": True, "ignore_eos": False, "min_p": False,
-                                    "top_logprobs": False}
+                                    "top_logprobs": False, "guided_decoding": False}
 
 
 

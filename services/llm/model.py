@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +31,8 @@ from services.llm.params import (
     max_new_tokens,
     sampling,
 )
+from services.llm.toolcalls import ToolCallParser, detect_parser
+from services.llm.tools import ToolPlan, plan, template_messages, tool_objects
 from tritongate.common.v1 import common_pb2, tokenizer_pb2
 from tritongate.config import LlmModel, ModelInfo
 from tritongate.llm.v1 import llm_pb2
@@ -37,6 +40,8 @@ from tritongate.logs import REQUEST_ID
 from tritongate.registry import LLM
 
 log = logging.getLogger(__name__)
+# A backend failure that names the guide: its grammar compiler rejected the schema (a client mistake).
+GRAMMAR_FAILURE = re.compile(r"guided[ _]decoding|\bgrammar\b|\bjson schema\b", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -67,6 +72,7 @@ class LanguageModel(ServedModel):
         self.policy = GenerationPolicy.of(entry, info, self.tokenizer, self.backend)
         self.decoding = TokenDecoding.of(self.tokenizer)
         self.refusal: str | None = None  # why the Triton model cannot be served, while it cannot
+        self.tool_family = entry.tool_parser or detect_parser(self.template.source if self.template else "")
 
     def on_ready(self, triton_config: dict[str, Any]) -> None:
         """Pick and configure the backend adapter; FAILED_PRECONDITION when none can drive the model."""
@@ -111,10 +117,11 @@ class LanguageModel(ServedModel):
         if self.template is None:
             raise invalid_argument(f"Model `{self.name}` has no chat template: use /v1/completions, or set "
                                    "`chat_template` in the model configuration.", "model")
-        messages = [{"role": m.role, "content": m.content, **({"name": m.name} if m.name else {})}
-                    for m in chat.messages]
+        native = self.template.uses_tools
+        messages = template_messages(chat, native)
+        tools = tool_objects(chat) if native and chat.tool_choice.mode != "none" else None
         variables = json_format.MessageToDict(chat_template_kwargs) if chat_template_kwargs.fields else None
-        return self.template.render(messages, add_generation_prompt=True, variables=variables)
+        return self.template.render(messages, add_generation_prompt=True, variables=variables, tools=tools)
 
     def chat_tokens(self, chat: tokenizer_pb2.TokenizerChat) -> list[int]:
         """The prompt a chat becomes (the TokenizerService), as Generate tokenizes it."""
@@ -172,6 +179,9 @@ class LanguageModel(ServedModel):
         n = check_request(request, self.policy, len(prompts.ids))
         await self.ensure_ready()  # the backend and its knobs are known from here on
         base, stops = sampling(request, self.policy)
+        tools = plan(request.chat, self.tool_family, self.policy) if request.HasField("chat") else ToolPlan()
+        base.guide = tools.guide or base.guide
+        guide_param = tools.param or "response_format"
         limits = [max_new_tokens(request, self.policy, len(ids), prompts.param) for ids in prompts.ids]
         seeds = choice_seeds(request, n)
         request_id = REQUEST_ID.get()  # bound from the RPC's metadata (services/common/metrics.py)
@@ -184,7 +194,8 @@ class LanguageModel(ServedModel):
                                         **self.completion_options(base))
                 completions.append(completion)
                 choice = for_choice(base, limits[p], seeds[j], request_id, index)
-                streams.append(self._run(completion, ids, text, choice, timeout))
+                parser = tools.parser() if tools.parser and not request.HasField("guide") else None
+                streams.append(self._run(completion, ids, text, choice, timeout, parser, guide_param))
         log.debug("%d prompt tokens, %d choices", prompts.tokens, len(completions))
         yield llm_pb2.GenerateResponse(accepted=llm_pb2.Accepted(prompt_tokens=prompts.tokens,
                                                                  choices=len(completions)))
@@ -194,21 +205,47 @@ class LanguageModel(ServedModel):
         yield llm_pb2.GenerateResponse(usage=usage(prompts, completions, n))
 
     async def _run(self, completion: Completion, prompt: Sequence[int], text: str, sampling: Sampling,
-                   timeout: float | None) -> AsyncGenerator[llm_pb2.Delta, None]:
+                   timeout: float | None, parser: ToolCallParser | None = None, guide_param: str = ""
+                   ) -> AsyncGenerator[llm_pb2.Delta, None]:
+        """One choice's deltas; with a parser, tool calls are taken out of the text."""
         first = completion.start()
         if first is not None:
             yield first
         if sampling.max_new_tokens > 0:
             async with contextlib.aclosing(self.backend.stream(prompt, sampling, timeout, text)) as steps:
-                async for step in steps:
-                    delta = completion.add(step)
-                    if delta is not None:
-                        yield delta
-                    if completion.stopped:
-                        break  # closing the stream cancels the Triton request
-                    # At its token limit the backend ends by itself: reading on (nothing more is taken)
-                    # spares Triton a cancellation racing the request's own end.
-        yield completion.finish()
+                try:
+                    async for step in steps:
+                        delta = completion.add(step)
+                        if delta is not None and (parser is None or _parse(parser, delta)):
+                            yield delta
+                        if completion.stopped:
+                            break  # closing the stream cancels the Triton request
+                        # At its token limit the backend ends by itself: reading on (nothing more is taken)
+                        # spares Triton a cancellation racing the request's own end.
+                except ServiceError as exc:
+                    if sampling.guide and not completion.consumed and GRAMMAR_FAILURE.search(exc.message):
+                        first_line = exc.message.strip().splitlines()[0]  # never a backend's traceback
+                        raise invalid_argument(f"`{guide_param}` cannot be enforced on model `{self.name}`: the "
+                                               f"backend's grammar compiler rejected it ({first_line})",
+                                               guide_param) from None
+                    raise
+        last = completion.finish()
+        if parser is not None:
+            _parse(parser, last, final=True)
+            if parser.calls and last.finish_reason == "stop":
+                last.finish_reason = "tool_calls"
+        yield last
+
+
+def _parse(parser: ToolCallParser, delta: llm_pb2.Delta, final: bool = False) -> bool:
+    """Move the tool calls in `delta`'s text into its `tool_calls`; whether anything is left to send."""
+    content, calls = parser.feed(delta.text)
+    if final:
+        rest, more = parser.finish()
+        content, calls = content + rest, calls + more
+    delta.text = content
+    delta.tool_calls.extend(calls)
+    return bool(delta.text or delta.tool_calls or delta.logprobs or delta.finish_reason)
 
 
 def usage(prompts: PromptSet, completions: list[Completion], n: int) -> common_pb2.Usage:

@@ -192,6 +192,26 @@ def _extensions(request: llm_pb2.GenerateRequest, policy: GenerationPolicy) -> d
             "skip_special_tokens": skip_special, "include_stop_str": request.include_stop_str_in_output}
 
 
+# What `json_object` is enforced as: any JSON object (a backend's plain "json" would allow any JSON value).
+OBJECT_SCHEMA = '{"type": "object"}'
+
+
+def guided(policy: GenerationPolicy, param: str, what: str) -> None:
+    """Refuse `param` on a backend without guided decoding: the format could only be hoped for."""
+    if not policy.backend.supports("guided_decoding"):
+        raise invalid_argument(f"`{param}` {what} cannot be enforced by the {policy.backend.name} backend of model "
+                               f"`{policy.model}`: it has no guided decoding.", param)
+
+
+def response_format(request: llm_pb2.GenerateRequest, policy: GenerationPolicy) -> str:
+    """The JSON Schema `response_format` asks for ("" for free text)."""
+    kind = request.guide.WhichOneof("kind") if request.HasField("guide") else None
+    if kind is None:
+        return ""
+    guided(policy, "response_format", f"of type {kind!r}")
+    return request.guide.json_schema if kind == "json_schema" else OBJECT_SCHEMA
+
+
 def sampling(request: llm_pb2.GenerateRequest, policy: GenerationPolicy) -> tuple[Sampling, list[str]]:
     """The request's sampling (without max_new_tokens and seed, which are per choice) and the stop strings
     the service matches (for backends that take text, `model_infos` `stop_words` too, as text)."""
@@ -220,7 +240,7 @@ def sampling(request: llm_pb2.GenerateRequest, policy: GenerationPolicy) -> tupl
                     end_id=defaults.end_id, start_id=defaults.start_id, stop_words=stop_words,
                     bad_words=bad_words, logprobs=request.logprobs, top_logprobs=alternatives,
                     stop=text_stops if backend.takes_text else [], bad=policy.words_as_text(defaults.bad_words),
-                    **extensions), text_stops
+                    guide=response_format(request, policy), **extensions), text_stops
 
 
 def max_new_tokens(request: llm_pb2.GenerateRequest, policy: GenerationPolicy, prompt_tokens: int,

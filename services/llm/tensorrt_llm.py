@@ -46,6 +46,16 @@ _KNOB_INPUTS: dict[Knob, tuple[str, ...]] = {
 # Done by the service (special tokens: its detokenizer) or by leaving `end_id` out (ignore_eos); TensorRT-LLM's
 # Triton interface has neither min_p nor alternatives per token.
 _OTHER_KNOBS: dict[Knob, bool] = {"special_tokens": True, "ignore_eos": True, "min_p": False, "top_logprobs": False}
+# Guided decoding (TensorRT-LLM 0.17+, with `guided_decoding_backend` xgrammar in the model's parameters): the
+# guide's type (json, json_schema, regex, ebnf_grammar) and the guide itself.
+GUIDE_INPUTS = ("guided_decoding_guide_type", "guided_decoding_guide")
+
+
+def guide_values(sampling: Sampling) -> dict[str, Any]:
+    """The guided-decoding inputs of both TensorRT-LLM interfaces (None: not sent)."""
+    if not sampling.guide:
+        return {}
+    return {"guided_decoding_guide_type": "json_schema", "guided_decoding_guide": sampling.guide}
 
 
 class TensorRTLLM:
@@ -77,6 +87,8 @@ class TensorRTLLM:
             return _OTHER_KNOBS[knob]
         if knob == "logprobs":
             return self.interface.has("return_log_probs") and "output_log_probs" in self.interface.outputs
+        if knob == "guided_decoding":
+            return not self.interface.missing(GUIDE_INPUTS)
         return self.interface.first(*_KNOB_INPUTS[knob]) is not None
 
     def tensors(self, prompt: Sequence[int], sampling: Sampling) -> dict[str, np.ndarray]:
@@ -91,6 +103,7 @@ class TensorRTLLM:
             **sampling_values(model, sampling, "runtime_top_k", "runtime_top_p"),
             "return_log_probs": True if sampling.logprobs else None,
             "end_id": None if sampling.ignore_eos else sampling.end_id,
+            **guide_values(sampling),
         }
         tensors = {"input_ids": model.tensor("input_ids", list(prompt)), **model.scalars(values)}
         for name, words in (("stop_words_list", sampling.stop_words), ("bad_words_list", sampling.bad_words)):

@@ -26,7 +26,7 @@ import numpy as np
 
 from services.common.triton import Triton
 from services.llm.backends import Knob, Sampling, Step
-from services.llm.tensorrt_llm import MIN_TOKENS, SEED, sampling_values
+from services.llm.tensorrt_llm import GUIDE_INPUTS, MIN_TOKENS, SEED, guide_values, sampling_values
 from services.llm.tensors import CumulativeText, ModelInterface, int_value, refuse, text_value
 
 REQUIRED_INPUTS = ("text_input", "max_tokens")
@@ -80,6 +80,8 @@ class TensorRTLLMText:
             self.accumulate = interface.parameters.get("accumulate_tokens", "").lower() in _TRUE
 
     def supports(self, knob: Knob) -> bool:
+        if knob == "guided_decoding":
+            return not self.interface.missing(GUIDE_INPUTS)
         return knob not in _UNSUPPORTED and self.interface.first(*_KNOB_INPUTS[knob]) is not None
 
     def tensors(self, text: str, sampling: Sampling) -> dict[str, np.ndarray]:
@@ -95,6 +97,7 @@ class TensorRTLLMText:
             **sampling_values(model, sampling, "top_k", "top_p"),
             "return_num_input_tokens": True,
             "return_num_output_tokens": True,
+            **guide_values(sampling),
         }
         tensors = model.scalars(values)
         # With min_tokens the service, not TensorRT-LLM, ends completions on stop strings: TensorRT-LLM's stop

@@ -3,10 +3,11 @@
 Inputs: `text_input` (the prompt as text), `stream` true, `exclude_input_in_output` true, `sampling_parameters`
 (vLLM `SamplingParams` as JSON: `max_tokens`, `temperature`, `top_p`, `top_k`, `min_p`, `seed`, `stop`,
 `include_stop_str_in_output`, penalties, `min_tokens`, `ignore_eos`, `logprobs`, `skip_special_tokens`,
-`lora_name`) and `return_finish_reason`, `return_num_input_tokens`, `return_num_output_tokens`,
-`return_logprobs` where declared. Only keys that differ from vLLM's defaults are sent: the backend builds
-`SamplingParams(**json)`, and a key its vLLM does not know fails the request (`TritonSamplingParams.from_dict`
-logs the error and returns nothing, and the request ends with an error response).
+`lora_name`, `structured_outputs` for guided decoding) and `return_finish_reason`,
+`return_num_input_tokens`, `return_num_output_tokens`, `return_logprobs` where declared. Only keys that differ
+from vLLM's defaults are sent: the backend builds `SamplingParams(**json)`, and a key its vLLM does not know
+fails the request (`TritonSamplingParams.from_dict` logs the error and returns nothing, and the request ends
+with an error response). `structured_outputs` is the name since vLLM 0.11 (before: `guided_decoding`).
 
 Outputs: `text_output`, the new text of each response (vLLM detokenizes incrementally and holds back what
 may begin a stop string); `finish_reason` ("None" until the last response, then "stop" or "length";
@@ -64,6 +65,8 @@ def sampling_parameters(sampling: Sampling, lora_name: str | None = None) -> dic
     params.update({key: value for key, (value, default) in optional.items() if value != default})
     if sampling.logprobs:
         params["logprobs"] = sampling.top_logprobs  # alternatives; 0: the sampled token's only
+    if sampling.guide:  # vLLM 0.11+ StructuredOutputsParams, which the backend reads from a JSON string
+        params["structured_outputs"] = json.dumps({"json": json.loads(sampling.guide)})
     return params
 
 

@@ -23,6 +23,9 @@ SMOLLM2 = "smollm2-135m-instruct"
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
 # What an echo model answers to any conversation without a system message: SmolLM2's template adds its default
 # system message first, and the echo ends at that message's <|im_end|>, the end id.
+TOOL = {"type": "function", "function": {"name": "get_time", "parameters": {
+    "type": "object", "properties": {"zone": {"type": "string"}}}}}
+FT_ECHO = "ft-echo"  # the tests of one interface's behaviour, or of what only a template shows
 DEFAULT_SYSTEM = "system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
 
 
@@ -176,13 +179,27 @@ def _bad_requests() -> list[tuple[str, dict[str, Any], int, str | None]]:
         ("top_p 1.1", {"messages": hi, "top_p": 1.1}, 400, "top_p"),
         ("max_tokens negative", {"messages": hi, "max_tokens": -5}, 400, "max_tokens"),
         ("max_tokens 0", {"messages": hi, "max_tokens": 0}, 400, "max_tokens"),
-        ("five stop strings", {"messages": hi, "stop": ["1", "2", "3", "4", "5"]}, 400, "stop"),
+        ("17 stop strings", {"messages": hi, "stop": [str(i) for i in range(17)]}, 400, "stop"),
+        ("reasoning_effort unknown", {"messages": hi, "reasoning_effort": "extreme"}, 400, "reasoning_effort"),
         ("prompt longer than the context", {"messages": [{"role": "user", "content": "word " * 300}]}, 400,
          "messages"),
         ("max_tokens beyond the context", {"messages": hi, "max_tokens": 250}, 400, "max_tokens"),
         ("unknown model", {"model": "no-such-model", "messages": hi}, 404, "model"),
         ("embedding model", {"model": "all-minilm-l6-v2", "messages": hi}, 400, "model"),
-        ("tools", {"messages": hi, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
+        ("tool_choice naming a tool not in tools", {"messages": hi, "tools": [TOOL], "tool_choice": {
+            "type": "function", "function": {"name": "other"}}}, 400, "tool_choice"),
+        ("tools with non-object parameters", {"messages": hi, "tools": [
+            {"type": "function", "function": {"name": "f", "parameters": [1]}}]}, 400, "tools"),
+        ("json_schema without schema", {"messages": hi, "response_format": {
+            "type": "json_schema", "json_schema": {"name": "x"}}}, 400, "response_format"),
+        ("invalid JSON Schema", {"messages": hi, "response_format": {"type": "json_schema", "json_schema": {
+            "name": "x", "schema": {"type": "object", "required": "a"}}}}, 400, "response_format"),
+        ("tool message without tool_call_id", {"messages": [*hi, {"role": "tool", "content": "21"}]}, 400,
+         "messages[1].tool_call_id"),
+        ("129 tools", {"messages": hi, "tools": [
+            {"type": "function", "function": {"name": f"f{i}"}} for i in range(129)]}, 400, "tools"),
+        ("schema over the size limit", {"messages": hi, "tools": [{"type": "function", "function": {
+            "name": "f", "parameters": {"type": "object", "description": "x" * 70_000}}}]}, 400, "tools"),
         ("min_p 2", {"messages": hi, "min_p": 2}, 400, "min_p"),
         ("stream_options without stream", {"messages": hi, "stream_options": {"include_usage": True}}, 400,
          "stream_options"),
@@ -215,6 +232,7 @@ def test_chat_template_kwargs_are_served_not_refused(http: httpx.Client, backend
     plain = chat(http, backend.model, max_tokens=3)["choices"][0]["message"]["content"]
     with_kwargs = chat(http, backend.model, max_tokens=3, chat_template_kwargs={"enable_thinking": False})
     assert with_kwargs["choices"][0]["message"]["content"] == plain
+    assert chat(http, backend.model, max_tokens=3, reasoning_effort="low")["choices"][0]["message"]["content"] == plain
 
 
 def test_a_knob_the_backend_lacks_is_refused_naming_it_and_the_backend(http: httpx.Client,
@@ -229,3 +247,54 @@ def test_a_knob_the_backend_lacks_is_refused_naming_it_and_the_backend(http: htt
             validate(error, "ErrorResponse")
             assert error["error"]["param"] == param and backend.adapter in error["error"]["message"], error
     assert chat(http, backend.model, max_tokens=2)["choices"][0]["message"]["content"] == "system"
+
+
+def test_sixteen_stop_strings_as_autocomplete_clients_send_them(http: httpx.Client) -> None:
+    stops = [f"\n{word}" for word in ("def", "class", "if", "#", "//", "/*", "```", "<|", "print")]
+    stops += ["zz1", "zz2", "zz3", "zz4", "zz5", "zz6", " helpful"]
+    assert len(stops) == 16
+    stopped = chat(http, FT_ECHO, stop=stops)["choices"][0]
+    assert stopped["message"]["content"] == "system\nYou are a" and stopped["finish_reason"] == "stop"
+
+
+def test_tools_reach_a_template_without_tool_support_in_the_hermes_format(http: httpx.Client) -> None:
+    """SmolLM2's template renders no tools: they are described in the system message, which ft-echo repeats
+    until its context is full. No tool call comes of it."""
+    result = chat(http, FT_ECHO, tools=[TOOL])["choices"][0]
+    content = result["message"]["content"]
+    assert content.startswith("system\nYou may call one or more functions")
+    assert f"<tools>\n{json.dumps(TOOL)}\n</tools>" in content
+    assert "tool_calls" not in result["message"] and result["finish_reason"] == "length"  # the context is full
+    unused = chat(http, FT_ECHO, tools=[TOOL], tool_choice="none")
+    assert unused["choices"][0]["message"]["content"].startswith(DEFAULT_SYSTEM)
+
+
+def test_an_agents_turn_is_replayed_to_the_template(http: httpx.Client) -> None:
+    """ft-echo repeats the rendered system message: an earlier call and its result are in the prompt."""
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_time", "arguments": '{"zone": "UTC"}'}}
+    messages = [{"role": "system", "content": "Tools."}, {"role": "user", "content": "time?"},
+                {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "12:00"}]
+    response = http.post("/v1/chat/completions", json={"model": FT_ECHO, "messages": messages, "tools": [TOOL],
+                                                       "tool_choice": "none", "max_tokens": 3})
+    assert response.status_code == 200, response.text
+    usage = response.json()["usage"]["prompt_tokens"]
+    without = http.post("/v1/chat/completions", json={"model": FT_ECHO, "messages": messages[:2], "max_tokens": 3})
+    assert usage > without.json()["usage"]["prompt_tokens"] + 20  # the call and its result are in the prompt
+
+
+FT_SCHEMA = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"response_format": FT_SCHEMA}, "response_format"),
+    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"tools": [TOOL], "tool_choice": "required"}, "tool_choice"),
+], ids=["json_schema", "json_object", "required"])
+def test_fastertransformer_refuses_what_it_cannot_enforce(http: httpx.Client, body: dict[str, Any], param: str) -> None:
+    hi = [{"role": "user", "content": "hi"}]
+    response = http.post("/v1/chat/completions", json={"model": FT_ECHO, "messages": hi, **body})
+    assert response.status_code == 400, response.text
+    error = response.json()
+    validate(error, "ErrorResponse")
+    assert error["error"]["param"] == param and "fastertransformer" in error["error"]["message"], error

@@ -278,7 +278,7 @@ def _bad_requests() -> list[tuple[str, dict[str, Any], int, str | None]]:
         ("temperature negative", {"prompt": "x", "temperature": -0.1}, 400, "temperature"),
         ("top_p 1.5", {"prompt": "x", "top_p": 1.5}, 400, "top_p"),
         ("top_p negative", {"prompt": "x", "top_p": -0.5}, 400, "top_p"),
-        ("five stop strings", {"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
+        ("17 stop strings", {"prompt": "x", "stop": [chr(97 + i) for i in range(17)]}, 400, "stop"),
         ("logprobs 6", {"prompt": "x", "logprobs": 6}, 400, "logprobs"),
         ("stream_options without stream", {"prompt": "x", "stream_options": {"include_usage": True}}, 400,
          "stream_options"),

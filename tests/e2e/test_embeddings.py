@@ -196,3 +196,11 @@ def test_body_over_the_limit_is_413(http: httpx.Client) -> None:
     chunked = http.post("/v1/embeddings", content=chunks(), headers={"Content-Type": "application/json"})
     assert chunked.status_code == 413
     assert http.post("/v1/embeddings", json={"model": MODEL, "input": "after"}).status_code == 200
+
+
+def test_tiktoken_ids_get_a_message_that_says_how_to_fix_langchain(http: httpx.Client) -> None:
+    """LangChain's OpenAIEmbeddings sends cl100k token ids by default; 100257 is cl100k's <|endoftext|>."""
+    response = http.post("/v1/embeddings", json={"model": MODEL, "input": [[9906, 1917, 100257]]})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "input"
+    message = response.json()["error"]["message"]
+    assert "check_embedding_ctx_length=False" in message and "tiktoken_enabled=False" in message

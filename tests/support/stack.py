@@ -42,6 +42,8 @@ def write_model_config(triton_grpc_url: str, directory: Path) -> Path:
     for service in SERVICES:
         for entry in config.get(service.section, []):
             entry["url"] = triton_grpc_url
+            if "chat_template" in entry:  # relative to tests/, where the template files are
+                entry["chat_template"] = str(TESTS / entry["chat_template"])
     path = directory / "model_config.json"
     path.write_text(json.dumps(config, indent=2))
     return path

@@ -73,12 +73,13 @@ def test_completion_converter() -> None:
 @pytest.mark.parametrize(("body", "loc"), [
     ({"messages": []}, ("messages",)),
     ({"messages": [{"role": "robot", "content": "x"}]}, ("messages", 0, "role")),
-    ({"messages": [{"role": "tool", "content": "x"}]}, ("messages", 0, "role")),
+    ({"messages": [{"role": "tool", "content": "x"}]}, ("messages", 0, "tool_call_id")),
+    ({"messages": [{"role": "user", "content": "x", "tool_calls": []}]}, ("messages", 0, "tool_calls")),
     ({"messages": [{"role": "user"}]}, ("messages", 0, "content")),
     ({"messages": [{"role": "user", "content": None}]}, ("messages", 0, "content")),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
      ("messages", 0, "content")),
-    ({"stop": ["a", "b", "c", "d", "e"]}, ("stop",)),
+    ({"stop": [str(i) for i in range(17)]}, ("stop",)),
     ({"stop": 5}, ("stop",)),
     ({"logit_bias": {"x": 1}}, ("logit_bias",)),
     ({"logit_bias": {"1": 200}}, ("logit_bias",)),
@@ -97,14 +98,33 @@ def test_chat_validation_locates_the_parameter(body: dict[str, Any], loc: tuple[
     assert info.value.errors()[0]["loc"][: len(loc)] == loc
 
 
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+
+
 @pytest.mark.parametrize(("body", "param"), [
     ({"stream_options": {"include_usage": True}}, "stream_options"),
-    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-    ({"tool_choice": "required"}, "tool_choice"),
-    ({"response_format": {"type": "json_object"}}, "response_format"),
     ({"top_logprobs": 2}, "top_logprobs"),
+    ({"tool_choice": "required"}, "tool_choice"),  # without tools
+    ({"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "g"}}}, "tool_choice"),
+    ({"tools": [TOOL], "tool_choice": "sometimes"}, "tool_choice"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": "x"}}]}, "tools"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}]}, "tools"),
+    ({"tools": [{"type": "function", "function": {"name": "bad name"}}]}, "tools"),
+    ({"tools": [TOOL, TOOL]}, "tools"),
+    ({"tools": [{"type": "function", "function": {"name": f"f{i}"}} for i in range(129)]}, "tools"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": {"enum": ["x" * 70_000]}}}}}]}, "tools"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}},
+     "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "object", "properties": {"a": {"enum": ["x" * 70_000]}}}}}}, "response_format"),
+    ({"response_format": {"type": "xml"}}, "response_format"),
+    ({"response_format": {"type": "json_object"}, "tools": [TOOL], "tool_choice": "required"}, "response_format"),
+    ({"tools": [TOOL], "functions": [{"name": "g"}]}, "functions"),
+    ({"functions": [{"name": "g"}], "function_call": {"name": "h"}}, "function_call"),
 ])
-def test_chat_features_we_do_not_have(body: dict[str, Any], param: str) -> None:
+def test_chat_bad_tools_and_formats(body: dict[str, Any], param: str) -> None:
     """Rules across fields are validators: no router can forget them, and the 400 names the parameter."""
     error = refusal(ChatCompletionRequest, {"model": "m", "messages": MESSAGES, **body})
     assert error.status == 400 and error.param == param and not error.message.startswith("Value error")

@@ -66,6 +66,7 @@ class Sampling:
     allowed_ids: list[int] | None = None  # only these tokens may be generated
     logprobs: bool = False  # record each token's log-probability and rank (1 = the most likely)
     top_logprobs: int = 0  # and this many most likely alternatives (needs logprobs)
+    grammar: Any = None  # a compiled guide (Engine.compile_guide) every token must fit; None: free text
 
 
 class Owner:
@@ -109,6 +110,7 @@ class Sequence:
         self.generator: Any = None  # a torch.Generator, made on the worker thread
         self.cache: Any = None  # its own KV cache while its prompt is prefilled
         self.counts: Counter[int] = Counter()  # generated tokens, for the presence/frequency penalties
+        self.matcher: Any = None  # its place in sampling.grammar (guided.Matcher), made on the worker thread
 
     @property
     def generated(self) -> int:
@@ -165,6 +167,9 @@ class Engine:
         with torch.inference_mode():  # warm up, so that the first request is not the slow one
             self.model(input_ids=torch.tensor([[self.eos_id]]), use_cache=False)
 
+        from tritongate.demo_models.guided import GrammarCompiler
+
+        self.grammars = GrammarCompiler(path, self.vocab_size)
         self.pending: queue.Queue[Sequence | None] = queue.Queue()
         self.prefilling: list[Sequence] = []  # admitted, prompt not fully processed yet
         self.batch = Batch(torch, DynamicCache, self.model.config)
@@ -172,6 +177,10 @@ class Engine:
         self.worker = threading.Thread(target=self._work, name=f"{name}-worker", daemon=True)
         self.worker.start()
         log(f"{name}: loaded {path} ({dtype}, end id {self.eos_id}) in {time.monotonic() - started:.1f} s")
+
+    def compile_guide(self, kind: str, guide: str) -> Any:
+        """A guided-decoding guide as a grammar for Sampling.grammar; RequestError when it does not compile."""
+        return self.grammars.compile(kind, guide)
 
     def submit(self, seqs: list[Sequence]) -> None:
         for seq in seqs:
@@ -222,6 +231,10 @@ class Engine:
             if seed is None:
                 seed = int.from_bytes(os.urandom(8), "little")
             seq.generator = self.torch.Generator().manual_seed(seed % (1 << 64))
+            if seq.sampling.grammar is not None:
+                from tritongate.demo_models.guided import Matcher
+
+                seq.matcher = Matcher(seq.sampling.grammar, self.torch)
             seq.cache = self.cache_class(config=self.model.config)
             self.prefilling.append(seq)
 
@@ -263,9 +276,11 @@ class Engine:
         token = self._choose(logits, seq)
         seq.tokens.append(token)
         seq.counts[token] += 1
+        if seq.matcher is not None:
+            seq.matcher.accept(token)
         reason = None
         stop_word = seq.generated >= s.min_tokens and _ends_with_any(seq.tokens, len(seq.prompt), s.stop_words)
-        if token in s.end_ids or stop_word:
+        if token in s.end_ids or stop_word or (seq.matcher is not None and seq.matcher.complete):
             reason = "stop"
         elif seq.generated >= s.max_new_tokens:
             reason = "length"
@@ -295,6 +310,8 @@ class Engine:
             for end in s.end_ids:
                 if 0 <= end < logits.shape[0]:
                     logits[end] = float("-inf")
+        if seq.matcher is not None:  # last: nothing after it may allow a token the grammar forbids
+            logits = seq.matcher.mask(logits)
         if s.greedy:
             token = int(torch.argmax(logits))
         else:

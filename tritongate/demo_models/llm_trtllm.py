@@ -79,7 +79,7 @@ class Inputs:
         array = np.asarray(value)
         if array.ndim == 0:
             return array.reshape(1)
-        return array[min(item, array.shape[0] - 1)].reshape(-1)
+        return np.asarray(array[min(item, array.shape[0] - 1)]).reshape(-1)
 
     def scalar(self, name: str, item: int, default: Any, cast: Callable[[Any], Any]) -> Any:
         row = self.row(name, item)
@@ -97,8 +97,10 @@ class Item:
 
 
 def parse_items(inputs: Inputs, prompts: list[list[int]], *, end_id: int | None, exclude_input: bool,
-                vocab_size: int, max_positions: int) -> list[Item]:
-    """The request's batch items. `end_id` is the default end id (None: -1, no end id)."""
+                vocab_size: int, max_positions: int, compile_guide: Callable[[str, str], Any] | None = None
+                ) -> list[Item]:
+    """The request's batch items. `end_id` is the default end id (None: -1, no end id); `compile_guide`
+    makes a guided-decoding guide a grammar."""
     items = []
     for i, prompt in enumerate(prompts):
         max_new = inputs.scalar("request_output_len", i, None, int)
@@ -136,9 +138,27 @@ def parse_items(inputs: Inputs, prompts: list[list[int]], *, end_id: int | None,
             end_ids=(end,) if end is not None and end >= 0 else (),
             stop_words=_words(inputs, "stop_words_list", i), bad_words=_words(inputs, "bad_words_list", i),
             bias=_bias(inputs, i, vocab_size), logprobs=inputs.scalar("return_log_probs", i, False, bool),
+            grammar=_grammar(inputs, i, compile_guide),
         )
         items.append(Item(prompt, sampling, count, inputs.scalar("exclude_input_in_output", i, exclude_input, bool)))
     return items
+
+
+def _grammar(inputs: Inputs, item: int, compile_guide: Callable[[str, str], Any] | None) -> Any:
+    """`guided_decoding_guide_type` and `guided_decoding_guide` (both, or the type `json` alone)."""
+    kind = inputs.scalar("guided_decoding_guide_type", item, None, _text)
+    guide = inputs.scalar("guided_decoding_guide", item, None, _text)
+    if kind is None:
+        _assert(guide is None, "guided_decoding_guide is set but guided_decoding_guide_type is not")
+        return None
+    _assert(guide is not None or kind == "json", f"guided_decoding_guide_type {kind} needs guided_decoding_guide")
+    if compile_guide is None:
+        raise RequestError("guided decoding is not enabled (guided_decoding_backend)")
+    return compile_guide(kind, guide or "")
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
 
 def _words(inputs: Inputs, name: str, item: int) -> list[list[int]]:

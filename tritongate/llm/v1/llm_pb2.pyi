@@ -21,6 +21,36 @@ else:
 DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
+class ToolCall(_message.Message):
+    """One call of a function: one the assistant made in an earlier turn, replayed to the chat template."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    ARGUMENTS_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    """The call's id ("call_..."), which the `tool` message answering it names."""
+    name: _builtins.str
+    """The function's name."""
+    arguments: _builtins.str
+    """The arguments: a JSON object, as JSON text."""
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        name: _builtins.str = ...,
+        arguments: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arguments", b"arguments", "id", b"id", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ToolCall: _TypeAlias = ToolCall  # noqa: Y015
+
+@_typing.final
 class ChatMessage(_message.Message):
     """One chat message, its content already flattened to text."""
 
@@ -29,26 +59,96 @@ class ChatMessage(_message.Message):
     ROLE_FIELD_NUMBER: _builtins.int
     CONTENT_FIELD_NUMBER: _builtins.int
     NAME_FIELD_NUMBER: _builtins.int
+    TOOL_CALLS_FIELD_NUMBER: _builtins.int
+    TOOL_CALL_ID_FIELD_NUMBER: _builtins.int
     role: _builtins.str
-    """"system", "user" or "assistant"."""
+    """"system", "user", "assistant" or "tool"."""
     content: _builtins.str
-    """The message text."""
+    """The message text ("" for an assistant message that only calls tools)."""
     name: _builtins.str
     """Optional participant name."""
+    tool_call_id: _builtins.str
+    """The call a `tool` message answers."""
+    @_builtins.property
+    def tool_calls(self) -> _containers.RepeatedCompositeFieldContainer[Global___ToolCall]:
+        """The calls an assistant message made."""
+
     def __init__(
         self,
         *,
         role: _builtins.str = ...,
         content: _builtins.str = ...,
         name: _builtins.str = ...,
+        tool_calls: _abc.Iterable[Global___ToolCall] | None = ...,
+        tool_call_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "name", b"name", "role", b"role"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "name", b"name", "role", b"role", "tool_call_id", b"tool_call_id", "tool_calls", b"tool_calls"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ChatMessage: _TypeAlias = ChatMessage  # noqa: Y015
+
+@_typing.final
+class Tool(_message.Message):
+    """A function the model may call."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    DESCRIPTION_FIELD_NUMBER: _builtins.int
+    PARAMETERS_FIELD_NUMBER: _builtins.int
+    STRICT_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """Its name."""
+    description: _builtins.str
+    """What it does, for the model."""
+    parameters: _builtins.str
+    """Its parameters: a JSON Schema of an object, as JSON text ("" when it takes none)."""
+    strict: _builtins.bool
+    """The arguments must match `parameters` (enforced where the backend has guided decoding)."""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        description: _builtins.str = ...,
+        parameters: _builtins.str = ...,
+        strict: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["description", b"description", "name", b"name", "parameters", b"parameters", "strict", b"strict"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Tool: _TypeAlias = Tool  # noqa: Y015
+
+@_typing.final
+class ToolChoice(_message.Message):
+    """How the model may use the tools."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MODE_FIELD_NUMBER: _builtins.int
+    FUNCTION_FIELD_NUMBER: _builtins.int
+    mode: _builtins.str
+    """"none", "auto" (the default when there are tools) or "required"; ignored when `function` is set."""
+    function: _builtins.str
+    """The one function the model must call."""
+    def __init__(
+        self,
+        *,
+        mode: _builtins.str = ...,
+        function: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["function", b"function", "mode", b"mode"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ToolChoice: _TypeAlias = ToolChoice  # noqa: Y015
 
 @_typing.final
 class Chat(_message.Message):
@@ -57,22 +157,68 @@ class Chat(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     MESSAGES_FIELD_NUMBER: _builtins.int
+    TOOLS_FIELD_NUMBER: _builtins.int
+    TOOL_CHOICE_FIELD_NUMBER: _builtins.int
+    PARALLEL_TOOL_CALLS_FIELD_NUMBER: _builtins.int
+    parallel_tool_calls: _builtins.bool
+    """Whether a completion may call several tools; unset: true."""
     @_builtins.property
     def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___ChatMessage]:
         """The messages, oldest first."""
+
+    @_builtins.property
+    def tools(self) -> _containers.RepeatedCompositeFieldContainer[Global___Tool]:
+        """Functions the model may call, given to the chat template."""
+
+    @_builtins.property
+    def tool_choice(self) -> Global___ToolChoice:
+        """How the model may use them."""
 
     def __init__(
         self,
         *,
         messages: _abc.Iterable[Global___ChatMessage] | None = ...,
+        tools: _abc.Iterable[Global___Tool] | None = ...,
+        tool_choice: Global___ToolChoice | None = ...,
+        parallel_tool_calls: _builtins.bool | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_parallel_tool_calls", b"_parallel_tool_calls", "parallel_tool_calls", b"parallel_tool_calls", "tool_choice", b"tool_choice"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_parallel_tool_calls", b"_parallel_tool_calls", "messages", b"messages", "parallel_tool_calls", b"parallel_tool_calls", "tool_choice", b"tool_choice", "tools", b"tools"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__parallel_tool_calls: _TypeAlias = _typing.Literal["parallel_tool_calls"]  # noqa: Y015
+    _WhichOneofArgType__parallel_tool_calls: _TypeAlias = _typing.Literal["_parallel_tool_calls", b"_parallel_tool_calls"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__parallel_tool_calls) -> _WhichOneofReturnType__parallel_tool_calls | None: ...
 
 Global___Chat: _TypeAlias = Chat  # noqa: Y015
+
+@_typing.final
+class Guide(_message.Message):
+    """A constraint the backend enforces on the generated text (guided decoding)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JSON_OBJECT_FIELD_NUMBER: _builtins.int
+    JSON_SCHEMA_FIELD_NUMBER: _builtins.int
+    json_object: _builtins.bool
+    """Any JSON object (`response_format` `json_object`)."""
+    json_schema: _builtins.str
+    """JSON matching this JSON Schema, given as JSON text (`response_format` `json_schema`)."""
+    def __init__(
+        self,
+        *,
+        json_object: _builtins.bool = ...,
+        json_schema: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["json_object", b"json_object", "json_schema", b"json_schema", "kind", b"kind"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["json_object", b"json_object", "json_schema", b"json_schema", "kind", b"kind"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["json_object", "json_schema"]  # noqa: Y015
+    _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
+
+Global___Guide: _TypeAlias = Guide  # noqa: Y015
 
 @_typing.final
 class Prompt(_message.Message):
@@ -182,6 +328,7 @@ class GenerateRequest(_message.Message):
     INCLUDE_STOP_STR_IN_OUTPUT_FIELD_NUMBER: _builtins.int
     SKIP_SPECIAL_TOKENS_FIELD_NUMBER: _builtins.int
     CHAT_TEMPLATE_KWARGS_FIELD_NUMBER: _builtins.int
+    GUIDE_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     """Public model id."""
     n: _builtins.int
@@ -240,6 +387,10 @@ class GenerateRequest(_message.Message):
     def chat_template_kwargs(self) -> _struct_pb2.Struct:
         """Extra variables for the chat template (e.g. `enable_thinking`), as JSON values."""
 
+    @_builtins.property
+    def guide(self) -> Global___Guide:
+        """The output's format (`response_format`), enforced by the backend; unset: free text."""
+
     def __init__(
         self,
         *,
@@ -267,10 +418,11 @@ class GenerateRequest(_message.Message):
         include_stop_str_in_output: _builtins.bool = ...,
         skip_special_tokens: _builtins.bool | None = ...,
         chat_template_kwargs: _struct_pb2.Struct | None = ...,
+        guide: Global___Guide | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_do_sample", b"_do_sample", "_frequency_penalty", b"_frequency_penalty", "_max_tokens", b"_max_tokens", "_min_p", b"_min_p", "_min_tokens", b"_min_tokens", "_presence_penalty", b"_presence_penalty", "_repetition_penalty", b"_repetition_penalty", "_seed", b"_seed", "_skip_special_tokens", b"_skip_special_tokens", "_temperature", b"_temperature", "_top_k", b"_top_k", "_top_p", b"_top_p", "chat", b"chat", "chat_template_kwargs", b"chat_template_kwargs", "do_sample", b"do_sample", "frequency_penalty", b"frequency_penalty", "input", b"input", "max_tokens", b"max_tokens", "min_p", b"min_p", "min_tokens", b"min_tokens", "presence_penalty", b"presence_penalty", "prompts", b"prompts", "repetition_penalty", b"repetition_penalty", "seed", b"seed", "skip_special_tokens", b"skip_special_tokens", "temperature", b"temperature", "top_k", b"top_k", "top_p", b"top_p"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_do_sample", b"_do_sample", "_frequency_penalty", b"_frequency_penalty", "_max_tokens", b"_max_tokens", "_min_p", b"_min_p", "_min_tokens", b"_min_tokens", "_presence_penalty", b"_presence_penalty", "_repetition_penalty", b"_repetition_penalty", "_seed", b"_seed", "_skip_special_tokens", b"_skip_special_tokens", "_temperature", b"_temperature", "_top_k", b"_top_k", "_top_p", b"_top_p", "chat", b"chat", "chat_template_kwargs", b"chat_template_kwargs", "do_sample", b"do_sample", "frequency_penalty", b"frequency_penalty", "guide", b"guide", "input", b"input", "max_tokens", b"max_tokens", "min_p", b"min_p", "min_tokens", b"min_tokens", "presence_penalty", b"presence_penalty", "prompts", b"prompts", "repetition_penalty", b"repetition_penalty", "seed", b"seed", "skip_special_tokens", b"skip_special_tokens", "temperature", b"temperature", "top_k", b"top_k", "top_p", b"top_p"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_do_sample", b"_do_sample", "_frequency_penalty", b"_frequency_penalty", "_max_tokens", b"_max_tokens", "_min_p", b"_min_p", "_min_tokens", b"_min_tokens", "_presence_penalty", b"_presence_penalty", "_repetition_penalty", b"_repetition_penalty", "_seed", b"_seed", "_skip_special_tokens", b"_skip_special_tokens", "_temperature", b"_temperature", "_top_k", b"_top_k", "_top_p", b"_top_p", "chat", b"chat", "chat_template_kwargs", b"chat_template_kwargs", "do_sample", b"do_sample", "echo", b"echo", "frequency_penalty", b"frequency_penalty", "ignore_eos", b"ignore_eos", "include_stop_str_in_output", b"include_stop_str_in_output", "input", b"input", "logit_bias", b"logit_bias", "logprobs", b"logprobs", "max_tokens", b"max_tokens", "min_p", b"min_p", "min_tokens", b"min_tokens", "model", b"model", "n", b"n", "presence_penalty", b"presence_penalty", "prompts", b"prompts", "repetition_penalty", b"repetition_penalty", "seed", b"seed", "skip_special_tokens", b"skip_special_tokens", "stop", b"stop", "temperature", b"temperature", "top_k", b"top_k", "top_logprobs", b"top_logprobs", "top_p", b"top_p"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_do_sample", b"_do_sample", "_frequency_penalty", b"_frequency_penalty", "_max_tokens", b"_max_tokens", "_min_p", b"_min_p", "_min_tokens", b"_min_tokens", "_presence_penalty", b"_presence_penalty", "_repetition_penalty", b"_repetition_penalty", "_seed", b"_seed", "_skip_special_tokens", b"_skip_special_tokens", "_temperature", b"_temperature", "_top_k", b"_top_k", "_top_p", b"_top_p", "chat", b"chat", "chat_template_kwargs", b"chat_template_kwargs", "do_sample", b"do_sample", "echo", b"echo", "frequency_penalty", b"frequency_penalty", "guide", b"guide", "ignore_eos", b"ignore_eos", "include_stop_str_in_output", b"include_stop_str_in_output", "input", b"input", "logit_bias", b"logit_bias", "logprobs", b"logprobs", "max_tokens", b"max_tokens", "min_p", b"min_p", "min_tokens", b"min_tokens", "model", b"model", "n", b"n", "presence_penalty", b"presence_penalty", "prompts", b"prompts", "repetition_penalty", b"repetition_penalty", "seed", b"seed", "skip_special_tokens", b"skip_special_tokens", "stop", b"stop", "temperature", b"temperature", "top_k", b"top_k", "top_logprobs", b"top_logprobs", "top_p", b"top_p"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__do_sample: _TypeAlias = _typing.Literal["do_sample"]  # noqa: Y015
     _WhichOneofArgType__do_sample: _TypeAlias = _typing.Literal["_do_sample", b"_do_sample"]  # noqa: Y015
@@ -433,15 +585,20 @@ class Delta(_message.Message):
     TEXT_FIELD_NUMBER: _builtins.int
     FINISH_REASON_FIELD_NUMBER: _builtins.int
     LOGPROBS_FIELD_NUMBER: _builtins.int
+    TOOL_CALLS_FIELD_NUMBER: _builtins.int
     index: _builtins.int
     """Which completion (0 .. choices-1) this increment belongs to."""
     text: _builtins.str
     """Text produced since the previous increment of this completion (whole characters only)."""
     finish_reason: _builtins.str
-    """Empty while generating; "stop" or "length" on the completion's last increment."""
+    """Empty while generating; "stop", "length" or "tool_calls" on the completion's last increment."""
     @_builtins.property
     def logprobs(self) -> _containers.RepeatedCompositeFieldContainer[Global___TokenLogprob]:
         """Log probabilities of the tokens behind `text`, when requested."""
+
+    @_builtins.property
+    def tool_calls(self) -> _containers.RepeatedCompositeFieldContainer[Global___ToolCallDelta]:
+        """Pieces of the tool calls the completion makes (never in `text`)."""
 
     def __init__(
         self,
@@ -450,14 +607,49 @@ class Delta(_message.Message):
         text: _builtins.str = ...,
         finish_reason: _builtins.str = ...,
         logprobs: _abc.Iterable[Global___TokenLogprob] | None = ...,
+        tool_calls: _abc.Iterable[Global___ToolCallDelta] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["finish_reason", b"finish_reason", "index", b"index", "logprobs", b"logprobs", "text", b"text"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["finish_reason", b"finish_reason", "index", b"index", "logprobs", b"logprobs", "text", b"text", "tool_calls", b"tool_calls"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Delta: _TypeAlias = Delta  # noqa: Y015
+
+@_typing.final
+class ToolCallDelta(_message.Message):
+    """A piece of one tool call: its first piece has the id and the name, later ones more of the arguments."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INDEX_FIELD_NUMBER: _builtins.int
+    ID_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    ARGUMENTS_FIELD_NUMBER: _builtins.int
+    index: _builtins.int
+    """Which call of the completion (0, 1, ...)."""
+    id: _builtins.str
+    """The call's id ("call_..."); only in its first piece."""
+    name: _builtins.str
+    """The function's name; only in its first piece."""
+    arguments: _builtins.str
+    """More of the arguments' JSON text."""
+    def __init__(
+        self,
+        *,
+        index: _builtins.int = ...,
+        id: _builtins.str = ...,
+        name: _builtins.str = ...,
+        arguments: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arguments", b"arguments", "id", b"id", "index", b"index", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ToolCallDelta: _TypeAlias = ToolCallDelta  # noqa: Y015
 
 @_typing.final
 class GenerateResponse(_message.Message):

@@ -129,7 +129,8 @@ class TritonPythonModel:
 
         inputs = Inputs(get, batch)
         items = parse_items(inputs, prompts, end_id=None, exclude_input=self.exclude_input,
-                            vocab_size=self.engine.vocab_size, max_positions=self.engine.max_positions)
+                            vocab_size=self.engine.vocab_size, max_positions=self.engine.max_positions,
+                            compile_guide=self.engine.compile_guide)
         return Request(
             self, request, items, streaming=bool(inputs.scalar("streaming", 0, False, bool)),
             request_id=request.request_id(),

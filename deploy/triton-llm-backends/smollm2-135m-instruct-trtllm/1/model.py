@@ -121,7 +121,8 @@ class TritonPythonModel:
             prompts = [[int(t) for t in ids[i, : inputs.scalar("input_lengths", i, ids.shape[1], int)]]
                        for i in range(ids.shape[0])]
         items = parse_items(inputs, prompts, end_id=None, exclude_input=self.exclude_input,
-                            vocab_size=self.engine.vocab_size, max_positions=self.engine.max_positions)
+                            vocab_size=self.engine.vocab_size, max_positions=self.engine.max_positions,
+                            compile_guide=self.engine.compile_guide)
         return Request(
             self, request, items, streaming=bool(inputs.scalar("streaming", 0, False, bool)),
             request_id=request.request_id(),

@@ -17,7 +17,8 @@ if _site:  # the Python-backend stub runs the base interpreter: the venv's packa
   include_stop_str_in_output; checked only after min_tokens), stop_token_ids, ignore_eos, min_tokens,
   logprobs (alternatives per token, at most parameter `max_logprobs`), presence/frequency/repetition
   penalties, bad_words, logit_bias, allowed_token_ids, truncate_prompt_tokens, detokenize,
-  skip_special_tokens, include_stop_str_in_output, spaces_between_special_tokens (ignored). vLLM's range
+  skip_special_tokens, include_stop_str_in_output, spaces_between_special_tokens (ignored), and
+  structured_outputs / guided_decoding (json, json_object, regex, choice, grammar; xgrammar, as vLLM). vLLM's range
   checks apply; an invalid or unknown field fails the request (the real backend fails it too, with a
   less telling message, as its parser returns None).
 - `stream`: each response holds, per sequence, the text generated since the previous response (held
@@ -110,13 +111,35 @@ class Params:
              "stop must be a string or a list of strings"),
             ("" not in self.stop, "stop cannot contain an empty string."),
             (self.prompt_logprobs is None, "prompt_logprobs is not supported by this demo model"),
-            (self.structured_outputs is None and self.guided_decoding is None,
-             "structured outputs are not supported by this demo model"),
             (self.allowed_token_ids is None or len(self.allowed_token_ids) > 0, "Empty allowed_token_ids provided"),
         ]
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
+
+    def guide(self):
+        """The structured-outputs constraint as (guide type, guide) for the engine, or None. vLLM 0.11+
+        reads `structured_outputs` (StructuredOutputsParams as a JSON string), earlier ones
+        `guided_decoding` (GuidedDecodingParams); the fields are the same."""
+        given = self.structured_outputs if self.structured_outputs is not None else self.guided_decoding
+        if given is None:
+            return None
+        fields = json.loads(given) if isinstance(given, str) else given
+        if not isinstance(fields, dict):
+            raise ValueError("structured_outputs must be a JSON object of StructuredOutputsParams fields")
+        kinds = {"json": "json_schema", "json_object": "json", "regex": "regex", "choice": "choice",
+                 "grammar": "ebnf_grammar"}
+        unknown = [key for key in fields if key not in kinds and key not in ("backend", "whitespace_pattern")]
+        if unknown:
+            raise ValueError(f"StructuredOutputsParams got an unexpected keyword argument {unknown[0]!r}")
+        used = [key for key in kinds if fields.get(key) not in (None, False)]
+        if len(used) != 1:
+            raise ValueError("You must use one kind of structured outputs constraint but none or several are "
+                             f"specified: {used}")
+        value = fields[used[0]]
+        if used[0] in ("json", "choice") and not isinstance(value, str):
+            value = json.dumps(value)
+        return kinds[used[0]], "" if used[0] == "json_object" else value
 
     def sampling(self, engine, tokenizer, max_new, index, logprobs):
         vocab = engine.vocab_size
@@ -145,6 +168,7 @@ class Params:
             min_tokens=self.min_tokens, end_ids=end_ids, bad_words=bad_words, bias=bias,
             allowed_ids=None if self.allowed_token_ids is None else [int(t) for t in self.allowed_token_ids],
             logprobs=logprobs, top_logprobs=self.logprobs or 0,
+            grammar=None if self.guide() is None else engine.compile_guide(*self.guide()),
         )
 
 

@@ -1,0 +1,161 @@
+"""Structured output and tools of chat completions: `response_format`, `tools`, `tool_choice`,
+`parallel_tool_calls`, and the legacy `functions` / `function_call` (mapped onto tools), with their rules
+and their part of the GenerateRequest; and the `tool_calls` / `function_call` of answers and chunks.
+
+The edge checks shapes and that every schema is a JSON Schema (a 400 naming the parameter); the llm service
+decides what the model's backend can enforce (guided decoding) and parses the model's tool calls.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import orjson
+from jsonschema import SchemaError
+from jsonschema.validators import Draft202012Validator, validator_for
+
+from edge.endpoints.common import ParamError
+from tritongate.llm.v1 import llm_pb2
+
+MAX_TOOLS = 128  # OpenAI's limit
+MAX_SCHEMA_BYTES = 64 * 1024  # of one schema, as compact JSON: grammar compilation grows with it
+NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # function and json_schema names, as OpenAI's
+TOOL_CHOICES = ("none", "auto", "required")
+
+
+def schema_text(schema: Any, param: str, what: str) -> str:
+    """A JSON Schema object as compact JSON text, within MAX_SCHEMA_BYTES and valid against its metaschema."""
+    if not isinstance(schema, dict):
+        raise ParamError(f"{what} must be a JSON Schema object", param)
+    text = orjson.dumps(schema)
+    if len(text) > MAX_SCHEMA_BYTES:
+        raise ParamError(f"{what} is {len(text)} bytes of JSON; at most {MAX_SCHEMA_BYTES} are allowed", param)
+    try:
+        validator_for(schema, default=Draft202012Validator).check_schema(schema)
+    except SchemaError as exc:
+        where = "/".join(str(part) for part in exc.path)
+        raise ParamError(f"{what} is not a valid JSON Schema: {exc.message}" + (f" (at {where})" if where else ""),
+                         param) from None
+    return text.decode()
+
+
+def response_guide(value: Any) -> llm_pb2.Guide | None:
+    """`response_format`: text (None), json_object, or json_schema with its `schema` (and `strict`)."""
+    if value is None:
+        return None
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return llm_pb2.Guide(json_object=True)
+    if kind != "json_schema":
+        raise ParamError("'response_format' must be an object with type 'text', 'json_object' or 'json_schema'",
+                         "response_format")
+    spec = value.get("json_schema")
+    if not isinstance(spec, dict):
+        raise ParamError("'response_format.json_schema' must be an object with 'name' and 'schema'", "response_format")
+    if not isinstance(spec.get("name"), str) or not NAME.match(spec["name"]):
+        raise ParamError("'response_format.json_schema.name' must be 1 to 64 letters, digits, '_' or '-'",
+                         "response_format")
+    if "schema" not in spec:
+        raise ParamError("'response_format.json_schema' has no 'schema'", "response_format")
+    if not isinstance(spec.get("strict", False), bool | None):
+        raise ParamError("'response_format.json_schema.strict' must be a boolean", "response_format")
+    schema = schema_text(spec["schema"], "response_format", "'response_format.json_schema.schema'")
+    return llm_pb2.Guide(json_schema=schema)
+
+
+def function_tool(function: Any, param: str, where: str) -> llm_pb2.Tool:
+    """One function definition ({name, description, parameters, strict})."""
+    if not isinstance(function, dict):
+        raise ParamError(f"'{where}' must be an object with a 'name'", param)
+    name = function.get("name")
+    if not isinstance(name, str) or not NAME.match(name):
+        raise ParamError(f"'{where}.name' must be 1 to 64 letters, digits, '_' or '-'", param)
+    description = function.get("description")
+    if description is not None and not isinstance(description, str):
+        raise ParamError(f"'{where}.description' must be a string", param)
+    strict = function.get("strict")
+    if strict is not None and not isinstance(strict, bool):
+        raise ParamError(f"'{where}.strict' must be a boolean", param)
+    parameters = function.get("parameters")
+    text = "" if parameters is None else schema_text(parameters, param, f"'{where}.parameters'")
+    if parameters is not None and parameters.get("type", "object") != "object":
+        raise ParamError(f"'{where}.parameters' must be a JSON Schema of type 'object'", param)
+    return llm_pb2.Tool(name=name, description=description or "", parameters=text, strict=bool(strict))
+
+
+def tool_list(value: Any, param: str) -> list[llm_pb2.Tool]:
+    """`tools` ([{type: function, function}]) or legacy `functions` ([function]), names unique."""
+    if not isinstance(value, list):
+        raise ParamError(f"'{param}' must be an array", param)
+    if len(value) > MAX_TOOLS:
+        raise ParamError(f"'{param}' may hold at most {MAX_TOOLS} functions; got {len(value)}", param)
+    tools = []
+    for i, entry in enumerate(value):
+        if param == "tools":
+            if not isinstance(entry, dict) or entry.get("type") != "function":
+                raise ParamError(f"'tools[{i}]' must be an object with type 'function' and a 'function'", param)
+            tools.append(function_tool(entry.get("function"), param, f"tools[{i}].function"))
+        else:
+            tools.append(function_tool(entry, param, f"functions[{i}]"))
+    names = [tool.name for tool in tools]
+    duplicate = next((name for name in names if names.count(name) > 1), None)
+    if duplicate:
+        raise ParamError(f"'{param}' names the function {duplicate!r} more than once", param)
+    return tools
+
+
+def tool_choice(value: Any, tools: list[llm_pb2.Tool], param: str) -> llm_pb2.ToolChoice:
+    """`tool_choice` ("none", "auto", "required", {type: function, function: {name}}) or legacy
+    `function_call` ("none", "auto", {name}); a named function must be one of the tools."""
+    if value is None:
+        return llm_pb2.ToolChoice(mode="auto" if tools else "none")
+    if isinstance(value, str):
+        if value not in TOOL_CHOICES or (param == "function_call" and value == "required"):
+            raise ParamError(f"'{param}' must be 'none', 'auto'{', required' if param == 'tool_choice' else ''} "
+                             "or an object naming a function", param)
+        if value == "required" and not tools:
+            raise ParamError("'tool_choice' 'required' needs 'tools'", param)
+        return llm_pb2.ToolChoice(mode=value)
+    named = value.get("function") if isinstance(value, dict) and param == "tool_choice" else value
+    name = named.get("name") if isinstance(named, dict) else None
+    if not isinstance(name, str) or (param == "tool_choice" and value.get("type") != "function"):
+        raise ParamError(f"'{param}' must be 'none', 'auto' or an object naming a function", param)
+    if name not in {tool.name for tool in tools}:
+        raise ParamError(f"'{param}' names the function {name!r}, which is not in "
+                         f"'{'tools' if param == 'tool_choice' else 'functions'}'", param)
+    return llm_pb2.ToolChoice(mode="function", function=name)
+
+
+def message_tool_calls(value: Any) -> list[llm_pb2.ToolCall]:
+    """An assistant message's `tool_calls` (ids, names, arguments as JSON text)."""
+    if not isinstance(value, list):
+        raise ParamError("'tool_calls' must be an array of tool calls")
+    calls = []
+    for i, call in enumerate(value):
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str) or \
+                not isinstance(function.get("arguments", ""), str) or not isinstance(call.get("id", ""), str):
+            raise ParamError(f"tool call {i} must be an object with an 'id' and a 'function' with 'name' and "
+                             "'arguments' (a JSON string)")
+        calls.append(llm_pb2.ToolCall(id=call.get("id") or "", name=function["name"],
+                                      arguments=function.get("arguments") or "{}"))
+    return calls
+
+
+def call_json(call: dict[str, str], legacy: bool) -> dict[str, Any]:
+    """One collected call as a message's `tool_calls` entry, or its legacy `function_call`."""
+    function = {"name": call["name"], "arguments": call["arguments"]}
+    return function if legacy else {"id": call["id"], "type": "function", "function": function}
+
+
+def delta_json(piece: llm_pb2.ToolCallDelta, legacy: bool) -> dict[str, Any]:
+    """One piece of a call in a stream chunk: the id, type and name first, then arguments."""
+    function = {"name": piece.name, "arguments": piece.arguments} if piece.name else {"arguments": piece.arguments}
+    if legacy:
+        return function
+    if piece.id:
+        return {"index": piece.index, "id": piece.id, "type": "function", "function": function}
+    return {"index": piece.index, "function": function}

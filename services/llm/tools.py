@@ -1,0 +1,115 @@
+"""What a chat's tools change in a generation: the messages and tools the chat template sees (an agent's
+earlier calls and the tools' results replayed as transformers' `apply_chat_template(tools=...)` gives
+them), the guide that forces a call (`tool_choice` `required` or a named function, enforced by guided
+decoding), and the parser that finds calls in the model's text (`tool_choice` `auto`).
+
+A template that does not render `tools` gets the Hermes format, which small instruction models follow best:
+the tools described in the system message, calls as `<tool_call>` JSON, results as `<tool_response>`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from services.llm.params import GenerationPolicy, guided
+from services.llm.toolcalls import JsonListParser, NamedParser, ParserName, ToolCallParser, make_parser
+from tritongate.llm.v1 import llm_pb2
+
+OBJECT = {"type": "object"}
+HERMES_SYSTEM = (
+    "You may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{tools}\n</tools>\n\n"
+    "For each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\n<tool_call>\n{{\"name\": <function-name>, \"arguments\": "
+    "<args-json-object>}}\n</tool_call>"
+)
+
+
+@dataclass(frozen=True)
+class ToolPlan:
+    """How one request uses its tools: a parser per choice (None: plain text), the JSON Schema that forces
+    a call ("" for none) and the parameter that asked for it."""
+
+    parser: Callable[[], ToolCallParser] | None = None
+    guide: str = ""
+    param: str = ""
+
+
+def parameters(tool: llm_pb2.Tool) -> dict[str, Any]:
+    return json.loads(tool.parameters) if tool.parameters else dict(OBJECT)
+
+
+def tool_objects(chat: llm_pb2.Chat) -> list[dict[str, Any]]:
+    """The tools as OpenAI's objects, for the template."""
+    return [{"type": "function", "function": {"name": tool.name,
+                                              **({"description": tool.description} if tool.description else {}),
+                                              "parameters": parameters(tool)}} for tool in chat.tools]
+
+
+def forced_calls_schema(tools: list[llm_pb2.Tool], parallel: bool) -> str:
+    """`tool_choice: required`: an array of at least one call of any tool, with that tool's arguments."""
+    calls = [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
+              "properties": {"name": {"type": "string", "enum": [tool.name]}, "arguments": parameters(tool)}}
+             for tool in tools]
+    schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+    if not parallel:
+        schema["maxItems"] = 1
+    return json.dumps(schema)
+
+
+def plan(chat: llm_pb2.Chat, family: ParserName, policy: GenerationPolicy) -> ToolPlan:
+    choice = chat.tool_choice
+    parallel = not chat.HasField("parallel_tool_calls") or chat.parallel_tool_calls
+    if not chat.tools or choice.mode == "none":
+        return ToolPlan()
+    if choice.function:
+        guided(policy, "tool_choice", "naming a function")
+        tool = next(tool for tool in chat.tools if tool.name == choice.function)  # checked by the edge
+        return ToolPlan(lambda: NamedParser(tool.name), json.dumps(parameters(tool)), "tool_choice")
+    if choice.mode == "required":
+        guided(policy, "tool_choice", "'required'")
+        return ToolPlan(lambda: JsonListParser(parallel), forced_calls_schema(list(chat.tools), parallel),
+                        "tool_choice")
+    return ToolPlan(lambda: make_parser(family, parallel))
+
+
+def _arguments(text: str) -> Any:
+    """A call's arguments as the template expects them: the object (text that is not JSON stays text)."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def template_messages(chat: llm_pb2.Chat, native: bool) -> list[dict[str, Any]]:
+    """The messages as a template sees them. `native`: the template renders tools and tool messages itself;
+    else they are written in the Hermes format."""
+    messages: list[dict[str, Any]] = []
+    for m in chat.messages:
+        message: dict[str, Any] = {"role": m.role, "content": m.content, **({"name": m.name} if m.name else {})}
+        calls: list[dict[str, Any]] = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": _arguments(c.arguments)}}
+            for c in m.tool_calls]
+        if native:
+            if calls:
+                message["tool_calls"] = calls
+            if m.role == "tool":
+                message["tool_call_id"] = m.tool_call_id
+        elif m.role == "tool":
+            message = {"role": "user", "content": f"<tool_response>\n{m.content}\n</tool_response>"}
+        elif calls:
+            written = "\n".join("<tool_call>\n" + json.dumps({"name": c["function"]["name"],
+                                                             "arguments": c["function"]["arguments"]}) +
+                                "\n</tool_call>" for c in calls)
+            message["content"] = f"{m.content}\n{written}" if m.content else written
+        messages.append(message)
+    if not native and chat.tools and chat.tool_choice.mode != "none":
+        described = HERMES_SYSTEM.format(tools="\n".join(json.dumps(tool) for tool in tool_objects(chat)))
+        if messages and messages[0]["role"] == "system":
+            messages[0] = {**messages[0], "content": f"{messages[0]['content']}\n\n{described}"}
+        else:
+            messages.insert(0, {"role": "system", "content": described})
+    return messages
