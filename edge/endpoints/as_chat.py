@@ -9,7 +9,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
 from edge.endpoints.chat import ChatCompletionRequest
-from edge.errors import from_validation
+from edge.errors import OpenAIError, from_validation
 
 
 def validated_chat(fields: dict[str, Any], names: dict[str, str]) -> ChatCompletionRequest:
@@ -17,8 +17,12 @@ def validated_chat(fields: dict[str, Any], names: dict[str, str]) -> ChatComplet
     try:
         return ChatCompletionRequest.model_validate(fields)
     except ValidationError as exc:
-        error = from_validation(RequestValidationError(exc.errors()))
-        if error.param:
-            head = error.param.split("[")[0].split(".")[0]
-            error.param = names.get(head, error.param)
-        raise error from None
+        raise renamed(from_validation(RequestValidationError(exc.errors())), names) from None
+
+
+def renamed(error: OpenAIError, names: dict[str, str]) -> OpenAIError:
+    """`error` (of a chat rule, here or in the llm service) reported under the endpoint's parameter name."""
+    if error.param:
+        head = error.param.split("[")[0].split(".")[0]
+        error.param = names.get(head, error.param)
+    return error

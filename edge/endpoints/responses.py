@@ -24,61 +24,19 @@ from edge.endpoints.as_chat import validated_chat
 from edge.endpoints.chat import ChatCompletionRequest
 from edge.endpoints.common import UINT32_MAX, OpenAIRequest, ParamError, ResponseModel
 from edge.endpoints.llm_common import Collected, Temperature, TopP
+from edge.endpoints.response_input import Message, input_messages
 from edge.errors import OpenAIError, bad_request
 from edge.store import BoundedStore
 from tritongate.common.v1 import common_pb2
 from tritongate.llm.v1 import llm_pb2
 
-ROLES = ("user", "system", "developer", "assistant")
-TEXT_PARTS = ("input_text", "output_text", "text")
 # Chat's parameters under their Responses names, for the errors of the chat rules.
 RESPONSES_PARAM = {"response_format": "text.format", "max_completion_tokens": "max_output_tokens",
+                   "max_tokens": "max_output_tokens",
                    "messages": "input"}
 
-Message = dict[str, str]  # {"role", "content"}: one chat message
 Input = Annotated[Any, WithJsonSchema({"anyOf": [{"type": "string", "minLength": 1}, {"type": "array", "minItems": 1,
                                                                                       "items": {"type": "object"}}]})]
-
-
-def _item_text(content: Any, where: str) -> str:
-    """A message item's content: a string, or text parts (joined with newlines)."""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise ParamError(f"'{where}.content' must be a string or an array of content parts", "input")
-    texts = []
-    for j, part in enumerate(content):
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind in TEXT_PARTS and isinstance(part.get("text"), str):
-            texts.append(part["text"])
-        else:
-            raise ParamError(f"'{where}.content[{j}]': content parts of type {kind!r} are not supported: only "
-                             "input_text and output_text", "input")
-    return "\n".join(texts)
-
-
-def input_messages(value: Any) -> list[Message]:
-    """`input`: a string (one user message) or message items; any other item type is refused by name."""
-    if isinstance(value, str):
-        if not value:
-            raise ParamError("'input' must not be empty", "input")
-        return [{"role": "user", "content": value}]
-    if not isinstance(value, list) or not value:
-        raise ParamError("'input' must be a non-empty string or a non-empty array of input items", "input")
-    messages = []
-    for i, item in enumerate(value):
-        where = f"input[{i}]"
-        if not isinstance(item, dict):
-            raise ParamError(f"'{where}' must be an object (an input item)", "input")
-        kind = item.get("type", "message")
-        if kind != "message":
-            raise ParamError(f"'{where}': input items of type {kind!r} are not supported: only 'message' items",
-                             "input")
-        role = item.get("role")
-        if role not in ROLES:
-            raise ParamError(f"'{where}.role' must be one of {', '.join(ROLES)}; got {role!r}", "input")
-        messages.append({"role": role, "content": _item_text(item.get("content"), where)})
-    return messages
 
 
 class ResponseRequest(OpenAIRequest):
@@ -190,6 +148,43 @@ def _text_part(text: str) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
+def _item_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+def _status(finish_reason: str) -> str:
+    return "incomplete" if finish_reason == "length" else "completed"
+
+
+def message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
+    return {"id": item_id, "type": "message", "status": status, "role": "assistant",
+            "content": [_text_part(text)] if status != "in_progress" else []}
+
+
+def call_item(item_id: str, call: dict[str, str], status: str) -> dict[str, Any]:
+    """A `function_call` output item: `call_id` is the id chat gives the call."""
+    return {"id": item_id, "type": "function_call", "status": status, "call_id": call["id"], "name": call["name"],
+            "arguments": call["arguments"]}
+
+
+def output_items(text: str, calls: list[dict[str, str]], status: str) -> list[dict[str, Any]]:
+    """A whole answer's output: the message (left out when the answer is only calls, as OpenAI's), then the
+    calls."""
+    message = [message_item(_item_id("msg"), text, status)] if text or not calls else []
+    return [*message, *(call_item(_item_id("fc"), call, status) for call in calls)]
+
+
+def assistant_message(output: list[dict[str, Any]]) -> Message:
+    """The output as the chat message that continues a stored conversation."""
+    text = "".join(part["text"] for item in output if item["type"] == "message" for part in item["content"])
+    calls = [{"id": item["call_id"], "type": "function", "function": {"name": item["name"],
+                                                                      "arguments": item["arguments"]}}
+             for item in output if item["type"] == "function_call"]
+    if not calls:
+        return {"role": "assistant", "content": text}
+    return {"role": "assistant", "content": text or None, "tool_calls": calls}
+
+
 class ResponseRecorder:
     """Builds the Response of one request (whole, or as stream events with `events`) and stores it."""
 
@@ -200,7 +195,6 @@ class ResponseRecorder:
         self.body = body
         self.conversation = [*conversation, *body.messages]
         self.store = store
-        self.item_id = f"msg_{uuid.uuid4().hex}"
 
     def snapshot(self, head: dict[str, Any], status: str, output: list[dict[str, Any]],
                  usage: dict[str, Any] | None) -> dict[str, Any]:
@@ -221,24 +215,21 @@ class ResponseRecorder:
             snapshot["user"] = body.user
         return snapshot
 
-    def message(self, text: str, status: str) -> dict[str, Any]:
-        return {"id": self.item_id, "type": "message", "status": status, "role": "assistant",
-                "content": [_text_part(text)] if status != "in_progress" else []}
-
-    def finished(self, head: dict[str, Any], text: str, finish_reason: str, usage: common_pb2.Usage
-                 ) -> dict[str, Any]:
+    def finished(self, head: dict[str, Any], output: list[dict[str, Any]], finish_reason: str,
+                 usage: common_pb2.Usage) -> dict[str, Any]:
         """The final Response; stored when asked."""
-        status = "incomplete" if finish_reason == "length" else "completed"
-        response = self.snapshot(head, status, [self.message(text, status)], _usage(usage))
+        status = _status(finish_reason)
+        response = self.snapshot(head, status, output, _usage(usage))
         response["completed_at"] = int(time.time()) if status == "completed" else None
         if self.body.store is not False:
-            conversation = [*self.conversation, {"role": "assistant", "content": text}]
-            self.store.put(response["id"], Stored(response, conversation))
+            self.store.put(response["id"], Stored(response, [*self.conversation, assistant_message(output)]))
         return response
 
     def response(self, head: dict[str, Any], choices: list[Collected], usage: common_pb2.Usage) -> dict[str, Any]:
         """The whole Response (the collecting side of the generation path)."""
-        return self.finished(head, choices[0].text, choices[0].finish_reason, usage)
+        choice = choices[0]
+        output = output_items(choice.text, choice.tool_calls, _status(choice.finish_reason))
+        return self.finished(head, output, choice.finish_reason, usage)
 
     def events(self, head: dict[str, Any]) -> ResponseEvents:
         return ResponseEvents(self, head)
@@ -249,14 +240,19 @@ def _event(payload: dict[str, Any]) -> bytes:
 
 
 class ResponseEvents:
-    """The Responses stream: created, in_progress, the message item and its text part opened, a
-    text delta per delta, everything closed, then completed (or incomplete) with the usage."""
+    """The Responses stream: created and in_progress; then each output item in turn, opened (added), its
+    text deltas (a message's) or arguments deltas (a function call's), closed (done); then completed (or
+    incomplete) with the usage. A message item opens with the first text, a function_call item with the
+    first piece of a call; an answer with neither is one empty message."""
 
     def __init__(self, recorder: ResponseRecorder, head: dict[str, Any]) -> None:
         self.recorder = recorder
         self.head = head
         self.sequence = 0
-        self.parts: list[str] = []
+        self.items: list[dict[str, Any]] = []  # output items so far; the last is open while `current` is set
+        self.current: dict[str, Any] | None = None
+        self.call_index = -1  # the chat index of the call being streamed
+        self.parts: list[str] = []  # the open message's text
         self.finish_reason = "stop"
 
     def _emit(self, kind: str, **fields: Any) -> bytes:
@@ -265,30 +261,68 @@ class ResponseEvents:
         return _event(payload)
 
     def _at(self) -> dict[str, Any]:
-        return {"item_id": self.recorder.item_id, "output_index": 0, "content_index": 0}
+        """Where an event of the open item points."""
+        assert self.current is not None
+        return {"item_id": self.current["id"], "output_index": len(self.items) - 1}
+
+    def _open(self, item: dict[str, Any]) -> Iterable[bytes]:
+        self.current = item
+        self.items.append(item)
+        yield self._emit("response.output_item.added", output_index=len(self.items) - 1, item=item)
+        if item["type"] == "message":
+            self.parts = []
+            yield self._emit("response.content_part.added", **self._at(), content_index=0, part=_text_part(""))
+
+    def _close(self, status: str) -> Iterable[bytes]:
+        item = self.current
+        if item is None:
+            return
+        if item["type"] == "message":
+            text = "".join(self.parts)
+            yield self._emit("response.output_text.done", **self._at(), content_index=0, text=text, logprobs=[])
+            yield self._emit("response.content_part.done", **self._at(), content_index=0, part=_text_part(text))
+            done = message_item(item["id"], text, status)
+        else:
+            yield self._emit("response.function_call_arguments.done", **self._at(), name=item["name"],
+                             arguments=item["arguments"])
+            done = {**item, "status": status}
+        self.items[-1] = done
+        self.current = None
+        yield self._emit("response.output_item.done", output_index=len(self.items) - 1, item=done)
 
     def start(self, accepted: llm_pb2.Accepted) -> Iterable[bytes]:
         opening = self.recorder.snapshot(self.head, "in_progress", [], None)
         yield self._emit("response.created", response=opening)
         yield self._emit("response.in_progress", response=opening)
-        yield self._emit("response.output_item.added", output_index=0,
-                         item=self.recorder.message("", "in_progress"))
-        yield self._emit("response.content_part.added", **self._at(), part=_text_part(""))
 
     def delta(self, delta: llm_pb2.Delta) -> Iterable[bytes]:
-        self.parts.append(delta.text)
-        yield self._emit("response.output_text.delta", **self._at(), delta=delta.text, logprobs=[])
+        if delta.text:
+            if self.current is None or self.current["type"] != "message":
+                yield from self._close("completed")
+                yield from self._open(message_item(_item_id("msg"), "", "in_progress"))
+            self.parts.append(delta.text)
+            yield self._emit("response.output_text.delta", **self._at(), content_index=0, delta=delta.text,
+                             logprobs=[])
+        for piece in delta.tool_calls:
+            if self.current is None or self.current["type"] != "function_call" or piece.index != self.call_index:
+                yield from self._close("completed")
+                self.call_index = piece.index
+                call = {"id": piece.id, "name": piece.name, "arguments": ""}
+                yield from self._open(call_item(_item_id("fc"), call, "in_progress"))
+            if piece.arguments:
+                assert self.current is not None
+                self.current = {**self.current, "arguments": self.current["arguments"] + piece.arguments}
+                self.items[-1] = self.current
+                yield self._emit("response.function_call_arguments.delta", **self._at(), delta=piece.arguments)
 
     def end(self, index: int, finish_reason: str) -> Iterable[bytes]:
         self.finish_reason = finish_reason
-        text = "".join(self.parts)
-        status = "incomplete" if finish_reason == "length" else "completed"
-        yield self._emit("response.output_text.done", **self._at(), text=text, logprobs=[])
-        yield self._emit("response.content_part.done", **self._at(), part=_text_part(text))
-        yield self._emit("response.output_item.done", output_index=0, item=self.recorder.message(text, status))
+        if not self.items:
+            yield from self._open(message_item(_item_id("msg"), "", "in_progress"))
+        yield from self._close(_status(finish_reason))
 
     def finish(self, usage: common_pb2.Usage) -> Iterable[bytes]:
-        response = self.recorder.finished(self.head, "".join(self.parts), self.finish_reason, usage)
+        response = self.recorder.finished(self.head, self.items, self.finish_reason, usage)
         kind = "response.completed" if response["status"] == "completed" else "response.incomplete"
         yield self._emit(kind, response=response)
 
@@ -310,6 +344,15 @@ class OutputMessage(ResponseModel):
     content: list[OutputText]
 
 
+class FunctionCallItem(ResponseModel):
+    id: str
+    type: Literal["function_call"]
+    status: Literal["in_progress", "completed", "incomplete"]
+    call_id: str
+    name: str
+    arguments: str
+
+
 class ResponseUsage(ResponseModel):
     input_tokens: int
     input_tokens_details: dict[str, int]
@@ -329,7 +372,7 @@ class Response(ResponseModel):
     instructions: str | None
     max_output_tokens: int | None
     model: str
-    output: list[OutputMessage]
+    output: list[OutputMessage | FunctionCallItem]
     parallel_tool_calls: bool
     previous_response_id: str | None
     reasoning: None

@@ -26,6 +26,8 @@ EVENT_SCHEMAS = {"response.created": "ResponseCreatedEvent", "response.in_progre
                  "response.output_text.done": "ResponseTextDoneEvent",
                  "response.content_part.done": "ResponseContentPartDoneEvent",
                  "response.output_item.done": "ResponseOutputItemDoneEvent",
+                 "response.function_call_arguments.delta": "ResponseFunctionCallArgumentsDeltaEvent",
+                 "response.function_call_arguments.done": "ResponseFunctionCallArgumentsDoneEvent",
                  "response.completed": "ResponseCompletedEvent", "response.incomplete": "ResponseIncompleteEvent"}
 CLOSING = ["response.output_text.done", "response.content_part.done", "response.output_item.done"]
 
@@ -123,15 +125,57 @@ def test_function_tools_go_the_way_of_chats_tools(http: httpx.Client) -> None:
         assert response.json()["error"]["param"] == "tools"
 
 
+QUESTION = {"role": "user", "content": "What is the weather in Paris?"}
+CALL = {"type": "function_call", "call_id": "call_42", "name": "get_weather", "arguments": '{"city": "Paris"}'}
+RESULT = {"type": "function_call_output", "call_id": "call_42", "output": "sunny and 21 degrees"}
+
+
+AS_CHAT = [QUESTION, {"role": "assistant", "content": None, "tool_calls": [
+    {"id": "call_42", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+           {"role": "tool", "tool_call_id": "call_42", "content": "sunny and 21 degrees"}]
+
+
+def prompt_tokens(http: httpx.Client, path: str, body: dict[str, Any]) -> int:
+    limit = "max_output_tokens" if path == "/v1/responses" else "max_tokens"
+    response = http.post(path, json={"model": ECHO, limit: 1, **body})
+    assert response.status_code == 200, response.text
+    usage = response.json()["usage"]
+    return int(usage.get("input_tokens", usage.get("prompt_tokens")))
+
+
+def test_an_agents_second_turn_reads_as_chats_tool_messages(http: httpx.Client) -> None:
+    """A call and its output are the prompt of chat's assistant tool_calls and tool messages (the same
+    tokens), and a stored response keeps them for the next turn."""
+    first = http.post("/v1/responses", json={"model": ECHO, "input": [QUESTION, CALL, RESULT], "max_output_tokens": 4})
+    assert first.status_code == 200, first.text
+    validate(first.json(), "Response")
+    tokens = first.json()["usage"]["input_tokens"]
+    assert tokens == prompt_tokens(http, "/v1/chat/completions", {"messages": AS_CHAT})
+    assert tokens > prompt_tokens(http, "/v1/chat/completions", {"messages": AS_CHAT[:2]})  # the output counts
+    # The output as text parts, and calls after the answer's text (one assistant message), read the same way.
+    parts = {**RESULT, "output": [{"type": "input_text", "text": "sunny and 21 degrees"}]}
+    said = {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Let me look."}]}
+    with_text = [AS_CHAT[0], {**AS_CHAT[1], "content": "Let me look."}, AS_CHAT[2]]
+    assert prompt_tokens(http, "/v1/responses", {"input": [QUESTION, said, CALL, parts]}) == \
+        prompt_tokens(http, "/v1/chat/completions", {"messages": with_text})
+    answer = first.json()["output"][0]["content"][0]["text"]
+    later = prompt_tokens(http, "/v1/responses", {"input": "Thanks.", "previous_response_id": first.json()["id"]})
+    assert later == prompt_tokens(http, "/v1/chat/completions", {"messages": [
+        *AS_CHAT, {"role": "assistant", "content": answer}, {"role": "user", "content": "Thanks."}]})
+
+
 BAD = [
     ("empty input", {"input": ""}, 400, "input"),
     ("empty input list", {"input": []}, 400, "input"),
     ("unsupported item type", {"input": [{"role": "user", "content": "hi"},
-                                         {"type": "function_call_output", "call_id": "c", "output": "x"}]}, 400,
+                                         {"type": "item_reference", "id": "msg_1"}]}, 400,
      "input"),
     ("image part", {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, 400,
      "input"),
     ("unknown role", {"input": [{"role": "robot", "content": "hi"}]}, 400, "input"),
+    ("call without call_id", {"input": [QUESTION, {**CALL, "call_id": None}]}, 400, "input"),
+    ("call arguments not a string", {"input": [QUESTION, {**CALL, "arguments": {"city": "Paris"}}]}, 400, "input"),
+    ("output for no call", {"input": [QUESTION, {**RESULT, "output": 42}]}, 400, "input"),
     ("unknown previous response", {"input": "hi", "previous_response_id": "resp-nope"}, 400,
      "previous_response_id"),
     ("built-in tool", {"input": "hi", "tools": [{"type": "web_search"}]}, 400, "tools[0].type"),
@@ -149,7 +193,7 @@ def test_bad_input(http: httpx.Client, case: str, body: dict[str, Any], status: 
     validate(response.json(), "ErrorResponse")
     if status == 400:
         assert error["param"] == param, error
-    named = {"unsupported item type": "'function_call_output'", "image part": "'input_image'",
+    named = {"unsupported item type": "'item_reference'", "image part": "'input_image'",
              "unknown role": "'robot'"}
     assert named.get(case, "") in error["message"]
 
