@@ -1,10 +1,12 @@
 """POST /v1/responses and GET /v1/responses/{id}: OpenAI's Responses API, served through the chat path.
 
 A Responses request becomes a chat request (`to_chat`): `instructions` the system message, the stored
-conversation of `previous_response_id` and then `input` the messages, `text.format` chat's
+conversation of `previous_response_id` and then `input` the messages (edge/endpoints/response_input.py,
+function calls and their outputs included), `text.format` chat's
 `response_format`, function `tools` chat's `tools`; so every chat rule and every model-dependent check
 applies unchanged. The answer is collected or streamed by the one generation path (edge/streaming.py),
-shaped here: `ResponseRecorder.response` for a whole Response, `ResponseEvents` for the stream
+shaped here: a `message` output item for the text and a `function_call` item per tool call,
+`ResponseRecorder.response` for a whole Response, `ResponseEvents` for the stream
 (`response.created` ... `response.completed`). A Response with `store` (the default) is kept, with the
 conversation that led to it, in the edge's `BoundedStore`.
 """

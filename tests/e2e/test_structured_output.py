@@ -11,14 +11,18 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
+import httpx
 import jsonschema
 import openai
 import pytest
 from pydantic import BaseModel, Field
 
 from launcher.stack import ALL_DEMO_LLMS_CONFIG, DEMO_LLM_REPOSITORY, DEMO_LLMS, LocalStack
+from tests.e2e.test_responses import EVENT_SCHEMAS
+from tests.support.openai_schema import validate
 from tests.support.ports import free_port
 from tests.support.stack import metrics_ports, stack_settings
+from tests.support.streams import stream_events
 from tritongate.registry import SERVICES
 from tritongate.settings import DEPLOY_DIR, default_cache_dir
 from tritongate.triton_local import TritonProcess, start_triton
@@ -230,6 +234,72 @@ def test_fastertransformer_refuses_a_forced_call_and_serves_auto(demo_client: op
     assert "<tool_call>" not in (message.content or "")  # a call, if the model made one, is in tool_calls
     if message.tool_calls:
         assert answer.choices[0].finish_reason == "tool_calls"
+
+
+# The Responses API's function tools: the same tools in its flat shape, its calls as function_call items.
+RESPONSE_TOOLS: Any = [{"type": "function", **tool["function"]} for tool in TOOLS]
+RESPONSE_NAMED: Any = {"type": "function", "name": "get_weather"}
+WEATHER_REQUEST: Any = {"input": WEATHER_QUESTION[0]["content"], "tools": RESPONSE_TOOLS, "tool_choice": RESPONSE_NAMED,
+                        "temperature": 0, "max_output_tokens": 40}
+
+
+def check_call_item(item: dict[str, Any]) -> None:
+    assert item["type"] == "function_call" and item["id"].startswith("fc_") and item["call_id"].startswith("call_")
+    assert item["name"] == "get_weather" and item["status"] == "completed"
+    jsonschema.validate(json.loads(item["arguments"]), WEATHER_PARAMS)
+
+
+def test_responses_a_named_tool_gives_a_function_call_item_streamed_and_not(demo_client: openai.OpenAI) -> None:
+    raw = demo_client.responses.with_raw_response.create(model=GUIDED[0], **WEATHER_REQUEST)
+    body = raw.http_response.json()
+    validate(body, "Response")
+    assert body["status"] == "completed" and [item["type"] for item in body["output"]] == ["function_call"]
+    check_call_item(body["output"][0])
+    assert raw.parse().output_text == ""  # no message item: the answer is only the call
+    edge = str(demo_client.base_url).removesuffix("/").removesuffix("/v1")
+    with httpx.Client(base_url=edge, timeout=300) as http:
+        events = stream_events(http, "/v1/responses", {"model": GUIDED[0], **WEATHER_REQUEST, "stream": True})
+    payloads = [json.loads(event.data) for event in events if event.data != "[DONE]"]
+    for payload in payloads:
+        validate(payload, EVENT_SCHEMAS[payload["type"]])
+        validate(payload, "ResponseStreamEvent")
+    assert [payload["sequence_number"] for payload in payloads] == list(range(len(payloads)))
+    kinds = [payload["type"] for payload in payloads]
+    assert kinds[:3] == ["response.created", "response.in_progress", "response.output_item.added"]
+    assert kinds[-3:] == ["response.function_call_arguments.done", "response.output_item.done", "response.completed"]
+    deltas = payloads[3:-3]
+    assert len(deltas) > 1 and {payload["type"] for payload in deltas} == {"response.function_call_arguments.delta"}
+    added, done, item_done, completed = payloads[2], payloads[-3], payloads[-2], payloads[-1]["response"]
+    assert added["item"]["type"] == "function_call" and added["item"]["status"] == "in_progress"
+    item_id = added["item"]["id"]
+    assert all(p["item_id"] == item_id and p["output_index"] == 0 for p in [*deltas, done])
+    assert added["output_index"] == item_done["output_index"] == 0
+    arguments = "".join(payload["delta"] for payload in deltas)
+    assert done["arguments"] == arguments == body["output"][0]["arguments"] and done["name"] == "get_weather"
+    check_call_item(item_done["item"])
+    assert completed["output"] == [item_done["item"]] and completed["status"] == "completed"
+
+
+def test_responses_an_agents_turns_through_the_sdks_stream(demo_client: openai.OpenAI) -> None:
+    with demo_client.responses.stream(model=GUIDED[1], **WEATHER_REQUEST) as stream:
+        kinds = [event.type for event in stream]
+        first = stream.get_final_response()
+    assert kinds.count("response.function_call_arguments.delta") > 1
+    call = first.output[0]
+    assert call.type == "function_call"
+    check_call_item(call.model_dump(mode="json"))
+    result = {"type": "function_call_output", "call_id": call.call_id, "output": '{"temperature": 21, "sky": "sunny"}'}
+    # The stored conversation holds the call: the next turn sends only its output.
+    second = demo_client.responses.create(model=GUIDED[1], input=[result], previous_response_id=first.id,
+                                          tools=RESPONSE_TOOLS, temperature=0, max_output_tokens=16)
+    assert second.status in ("completed", "incomplete") and second.output
+    assert first.usage is not None and second.usage is not None
+    assert second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens
+    # Without a stored conversation, the agent sends it all back: the same prompt.
+    items: Any = [{"role": "user", "content": WEATHER_REQUEST["input"]}, call.model_dump(exclude_none=True), result]
+    stateless = demo_client.responses.create(model=GUIDED[1], input=items, tools=RESPONSE_TOOLS, temperature=0,
+                                             max_output_tokens=1, store=False)
+    assert stateless.usage is not None and stateless.usage.input_tokens == second.usage.input_tokens
 
 
 def test_langchain_bind_tools_and_with_structured_output(demo_client: openai.OpenAI) -> None:

@@ -1,0 +1,116 @@
+"""The Responses API's output items and stream events for an answer with text and tool calls (which the
+demo models, forced to call or not, never mix), and its input items as chat messages."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from edge.endpoints.common import ParamError
+from edge.endpoints.llm_common import Collected
+from edge.endpoints.response_input import input_messages
+from edge.endpoints.responses import ResponseRecorder, ResponseRequest, Stored
+from edge.store import BoundedStore
+from tests.support.openai_schema import validate
+from tritongate.common.v1 import common_pb2
+from tritongate.llm.v1 import llm_pb2
+
+HEAD = {"id": "resp-1", "created": 1, "model": "m"}
+USAGE = common_pb2.Usage(prompt_tokens=5, completion_tokens=9, total_tokens=14)
+DELTAS = [
+    llm_pb2.Delta(text="Let me "), llm_pb2.Delta(text="look."),
+    llm_pb2.Delta(tool_calls=[llm_pb2.ToolCallDelta(index=0, id="call_a", name="weather", arguments='{"city":')]),
+    llm_pb2.Delta(tool_calls=[llm_pb2.ToolCallDelta(index=0, arguments=' "Paris"}'),
+                              llm_pb2.ToolCallDelta(index=1, id="call_b", name="time", arguments="{}")]),
+    llm_pb2.Delta(finish_reason="tool_calls"),
+]
+
+
+def recorder() -> tuple[ResponseRecorder, BoundedStore[Stored]]:
+    store: BoundedStore[Stored] = BoundedStore(10, 60)
+    return ResponseRecorder(ResponseRequest.model_validate({"model": "m", "input": "weather?"}), [], store), store
+
+
+def test_a_whole_answer_is_the_message_then_each_call() -> None:
+    choice = Collected()
+    for delta in DELTAS:
+        choice.add(delta)
+    record, store = recorder()
+    response = record.response(HEAD, [choice], USAGE)
+    validate(response, "Response")
+    assert [item["type"] for item in response["output"]] == ["message", "function_call", "function_call"]
+    calls = response["output"][1:]
+    assert [(c["call_id"], c["name"], c["arguments"]) for c in calls] == [
+        ("call_a", "weather", '{"city": "Paris"}'), ("call_b", "time", "{}")]
+    assert all(c["id"].startswith("fc_") and c["status"] == "completed" for c in calls)
+    assert store.get("resp-1").conversation[-1] == {  # type: ignore[union-attr]
+        "role": "assistant", "content": "Let me look.", "tool_calls": [
+            {"id": "call_a", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Paris"}'}},
+            {"id": "call_b", "type": "function", "function": {"name": "time", "arguments": "{}"}}]}
+
+
+def stream(deltas: list[llm_pb2.Delta]) -> list[dict[str, Any]]:
+    record, _ = recorder()
+    events = record.events(HEAD)
+    chunks = [*events.start(llm_pb2.Accepted(choices=1))]
+    for delta in deltas:
+        if delta.text or delta.tool_calls:
+            chunks.extend(events.delta(delta))
+        if delta.finish_reason:
+            chunks.extend(events.end(0, delta.finish_reason))
+    chunks.extend(events.finish(USAGE))
+    payloads = [json.loads(chunk.decode().split("data: ", 1)[1]) for chunk in chunks]
+    for payload in payloads:
+        validate(payload, "ResponseStreamEvent")
+    assert [p["sequence_number"] for p in payloads] == list(range(len(payloads)))
+    return payloads
+
+
+def test_a_streamed_answer_opens_and_closes_each_item_in_turn() -> None:
+    payloads = stream(DELTAS)
+    assert [(p["type"], p.get("output_index")) for p in payloads] == [
+        ("response.created", None), ("response.in_progress", None),
+        ("response.output_item.added", 0), ("response.content_part.added", 0),
+        ("response.output_text.delta", 0), ("response.output_text.delta", 0),
+        ("response.output_text.done", 0), ("response.content_part.done", 0), ("response.output_item.done", 0),
+        ("response.output_item.added", 1), ("response.function_call_arguments.delta", 1),
+        ("response.function_call_arguments.delta", 1), ("response.function_call_arguments.done", 1),
+        ("response.output_item.done", 1),
+        ("response.output_item.added", 2), ("response.function_call_arguments.delta", 2),
+        ("response.function_call_arguments.done", 2), ("response.output_item.done", 2),
+        ("response.completed", None)]
+    done = [p["item"] for p in payloads if p["type"] == "response.output_item.done"]
+    assert payloads[-1]["response"]["output"] == done
+    assert done[1]["arguments"] == '{"city": "Paris"}' and done[2]["call_id"] == "call_b"
+    assert len({p["item_id"] for p in payloads if p.get("output_index") == 1 and "item_id" in p}) == 1
+
+
+def test_an_empty_answer_is_one_empty_message() -> None:
+    payloads = stream([llm_pb2.Delta(finish_reason="length")])
+    assert payloads[-1]["type"] == "response.incomplete"
+    assert payloads[-1]["response"]["output"][0]["content"][0]["text"] == ""
+    assert payloads[-1]["response"]["output"][0]["status"] == "incomplete"
+
+
+CALL = {"type": "function_call", "call_id": "call_a", "name": "weather", "arguments": "{}"}
+TOOL_CALL = {"id": "call_a", "type": "function", "function": {"name": "weather", "arguments": "{}"}}
+
+
+def test_calls_and_their_outputs_become_chats_tool_messages() -> None:
+    output = {"type": "function_call_output", "call_id": "call_a", "output": [{"type": "input_text", "text": "sun"}]}
+    assert input_messages([{"role": "user", "content": "hi"}, CALL, {**CALL, "call_id": "call_b"}, output]) == [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": None, "tool_calls": [TOOL_CALL, {**TOOL_CALL, "id": "call_b"}]},
+        {"role": "tool", "tool_call_id": "call_a", "content": "sun"}]
+    said = {"type": "message", "role": "assistant", "content": "Let me look."}
+    assert input_messages([said, CALL]) == [{"role": "assistant", "content": "Let me look.", "tool_calls": [TOOL_CALL]}]
+
+
+@pytest.mark.parametrize("item", [{**CALL, "call_id": ""}, {**CALL, "name": None}, {**CALL, "arguments": {}},
+                                  {"type": "function_call_output", "output": "x"}, {"type": "reasoning"}])
+def test_a_malformed_or_unsupported_item_is_refused(item: dict[str, Any]) -> None:
+    with pytest.raises(ParamError) as error:
+        input_messages([item])
+    assert error.value.param == "input" and "input[0]" in str(error.value)
