@@ -97,6 +97,11 @@ def _chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | No
     return converted
 
 
+def _echoed_tool(tool: dict[str, Any]) -> dict[str, Any]:
+    """A function tool as a Response lists it: `parameters` and `strict` always there (null when not given)."""
+    return {"parameters": None, "strict": None, **tool}
+
+
 def _chat_tool_choice(choice: Any) -> Any:
     if isinstance(choice, dict) and choice.get("type") == "function":
         return {"type": "function", "function": {"name": choice.get("name")}}
@@ -209,8 +214,8 @@ class ResponseRecorder:
                 "previous_response_id": body.previous_response_id, "reasoning": None, "store": body.store is not False,
                 "temperature": body.temperature, "top_p": body.top_p,
                 "text": {"format": (body.text or {}).get("format") or {"type": "text"}},
-                "tool_choice": body.tool_choice or "auto", "tools": body.tools or [], "truncation": "disabled",
-                "metadata": body.metadata or {}}
+                "tool_choice": body.tool_choice or "auto", "tools": [_echoed_tool(tool) for tool in body.tools or []],
+                "truncation": "disabled", "metadata": body.metadata or {}}
         if usage is not None:  # not while in progress
             snapshot["usage"] = usage
         if body.user is not None:

@@ -30,7 +30,8 @@ DELTAS = [
 
 def recorder() -> tuple[ResponseRecorder, BoundedStore[Stored]]:
     store: BoundedStore[Stored] = BoundedStore(10, 60)
-    return ResponseRecorder(ResponseRequest.model_validate({"model": "m", "input": "weather?"}), [], store), store
+    return ResponseRecorder(ResponseRequest.model_validate(
+        {"model": "m", "input": "weather?", "tools": [{"type": "function", "name": "weather"}]}), [], store), store
 
 
 def test_a_whole_answer_is_the_message_then_each_call() -> None:
