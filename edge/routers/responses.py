@@ -7,6 +7,7 @@ from fastapi import Request, Response
 from edge.api_router import api_router, ok, ok_or_stream
 from edge.deps import LlmDep, ResponseStoreDep, SettingsDep
 from edge.endpoints import chat, responses
+from edge.endpoints.as_chat import chat_params_renamed
 from edge.streaming import run
 
 router = api_router(tags=["responses"])
@@ -18,8 +19,9 @@ async def create_response(body: responses.ResponseRequest, request: Request, llm
     conversation = responses.history(body, store)
     proto = chat.to_proto(responses.to_chat(body, conversation))
     recorder = responses.ResponseRecorder(body, conversation, store)
-    return await run(request, llm, proto, recorder, stream=bool(body.stream), keepalive_s=settings.sse_keepalive_s,
-                     framing=recorder.events)
+    with chat_params_renamed(responses.RESPONSES_PARAM):
+        return await run(request, llm, proto, recorder, stream=bool(body.stream),
+                         keepalive_s=settings.sse_keepalive_s, framing=recorder.events)
 
 
 @router.get("/v1/responses/{response_id}", responses=ok(responses.Response))
