@@ -3,6 +3,8 @@ become, validated by chat's own rules, with the errors naming the endpoint's own
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from fastapi.exceptions import RequestValidationError
@@ -21,8 +23,18 @@ def validated_chat(fields: dict[str, Any], names: dict[str, str]) -> ChatComplet
 
 
 def renamed(error: OpenAIError, names: dict[str, str]) -> OpenAIError:
-    """`error` (of a chat rule, here or in the llm service) reported under the endpoint's parameter name."""
+    """`error` naming the endpoint's parameter where it names a chat parameter the endpoint calls otherwise."""
     if error.param:
         head = error.param.split("[")[0].split(".")[0]
         error.param = names.get(head, error.param)
     return error
+
+
+@contextmanager
+def chat_params_renamed(names: dict[str, str]) -> Iterator[None]:
+    """The llm service's refusals of the chat request (e.g. a `response_format` the backend cannot enforce)
+    name the endpoint's parameters too."""
+    try:
+        yield
+    except OpenAIError as exc:
+        raise renamed(exc, names) from None

@@ -11,6 +11,7 @@ from edge.api_router import api_router
 from edge.clients import LlmClient
 from edge.deps import LlmDep, SessionsDep, SettingsDep
 from edge.endpoints import chat, interactive
+from edge.endpoints.as_chat import chat_params_renamed
 from edge.endpoints.common import ParamError
 from edge.streaming import run
 
@@ -42,8 +43,9 @@ async def chat_interactive(body: interactive.InteractiveRequest, request: Reques
     turn = interactive.Turn(body, session_id, session, sessions)
     turn.begin()
     try:
-        return await run(request, llm, proto, turn, stream=body.stream, keepalive_s=settings.sse_keepalive_s,
-                         framing=turn.lines, respond=interactive.json_lines(session_id))
+        with chat_params_renamed(interactive.INTERACTIVE_PARAM):
+            return await run(request, llm, proto, turn, stream=body.stream, keepalive_s=settings.sse_keepalive_s,
+                             framing=turn.lines, respond=interactive.json_lines(session_id))
     except asyncio.CancelledError:
         task = asyncio.current_task()
         if not session.cancelled or task is None:

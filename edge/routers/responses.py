@@ -7,8 +7,7 @@ from fastapi import Request, Response
 from edge.api_router import api_router, ok, ok_or_stream
 from edge.deps import LlmDep, ResponseStoreDep, SettingsDep
 from edge.endpoints import chat, responses
-from edge.endpoints.as_chat import renamed
-from edge.errors import OpenAIError
+from edge.endpoints.as_chat import chat_params_renamed
 from edge.streaming import run
 
 router = api_router(tags=["responses"])
@@ -20,11 +19,9 @@ async def create_response(body: responses.ResponseRequest, request: Request, llm
     conversation = responses.history(body, store)
     proto = chat.to_proto(responses.to_chat(body, conversation))
     recorder = responses.ResponseRecorder(body, conversation, store)
-    try:
+    with chat_params_renamed(responses.RESPONSES_PARAM):
         return await run(request, llm, proto, recorder, stream=bool(body.stream),
                          keepalive_s=settings.sse_keepalive_s, framing=recorder.events)
-    except OpenAIError as error:  # the llm service's refusal of a chat parameter, named as this request names it
-        raise renamed(error, responses.RESPONSES_PARAM) from None
 
 
 @router.get("/v1/responses/{response_id}", responses=ok(responses.Response))
