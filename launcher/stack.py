@@ -39,6 +39,7 @@ DEMO_LLMS = {
 DEFAULT_DEMO_LLMS = ("fastertransformer",)
 DEMO_LLM_REPOSITORY = DEPLOY_DIR / "triton-llm-backends"
 DEFAULT_CONFIG = DEPLOY_DIR / "model_config.json"
+DEFAULT_TRITON_GRPC_PORT = Settings.model_fields["triton_grpc_port"].default  # what the demo configurations name
 # The demo configuration with all four demo LLMs; `--demo-llm` keeps the chosen ones.
 ALL_DEMO_LLMS_CONFIG = DEPLOY_DIR / "model_config.all.json"
 
@@ -73,16 +74,25 @@ def demo_llm_triton(settings: Settings, demo_llms: tuple[str, ...]) -> tuple[lis
 
 def demo_llm_config(settings: Settings, demo_llms: tuple[str, ...]) -> Path:
     """The model configuration for `demo_llms`: the one given (--config-file or $TRITONGATE_CONFIG_FILE)
-    if any, else the demo configuration with those LLMs (written to the cache for a subset)."""
-    if Path(settings.config_file) != DEFAULT_CONFIG or demo_llms == DEFAULT_DEMO_LLMS:
+    if any, else the demo configuration with those LLMs, pointed at the local Triton's gRPC port (written
+    to the cache when it differs from the shipped file: a subset of the LLMs, or another port)."""
+    if Path(settings.config_file) != DEFAULT_CONFIG:
         return Path(settings.config_file)
-    if demo_llms == tuple(DEMO_LLMS):
-        return ALL_DEMO_LLMS_CONFIG
-    ids = {DEMO_LLMS[name] for name in demo_llms}
-    config = json.loads(ALL_DEMO_LLMS_CONFIG.read_text())
-    config["llm"] = [entry for entry in config["llm"] if entry["name"] in ids]
-    config["model_infos"] = [info for info in config.get("model_infos", []) if info["name"] in ids]
-    path = settings.cache_dir / f"model_config.demo-llm.{'+'.join(demo_llms)}.json"
+    source = DEFAULT_CONFIG if demo_llms == DEFAULT_DEMO_LLMS else ALL_DEMO_LLMS_CONFIG
+    port = settings.triton_grpc_port
+    moved = port != DEFAULT_TRITON_GRPC_PORT
+    if demo_llms in (DEFAULT_DEMO_LLMS, tuple(DEMO_LLMS)) and not moved:
+        return source
+    config = json.loads(source.read_text())
+    if source == ALL_DEMO_LLMS_CONFIG:
+        ids = {DEMO_LLMS[name] for name in demo_llms}
+        config["llm"] = [entry for entry in config["llm"] if entry["name"] in ids]
+        config["model_infos"] = [info for info in config.get("model_infos", []) if info["name"] in ids]
+    if moved:  # the demo entries name Triton's default ports
+        for section in ("llm", "embedding", "rerank"):
+            for entry in config.get(section, []):
+                entry["grpc_url"] = f"127.0.0.1:{port}"
+    path = settings.cache_dir / f"model_config.demo-llm.{'+'.join(demo_llms)}.{port}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(config, indent=2) + "\n")
     return path

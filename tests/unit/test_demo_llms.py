@@ -22,6 +22,7 @@ from launcher.stack import (
     demo_llm_triton,
     parse_demo_llms,
 )
+from tritongate.config import load_model_config
 from tritongate.demo_models.llm_core import RequestError
 from tritongate.demo_models.llm_text import IncrementalDecoder
 from tritongate.demo_models.llm_trtllm import Inputs, parse_items, word_list
@@ -66,6 +67,17 @@ def test_a_subset_loads_and_configures_only_those_llms(tmp_path: Path) -> None:
     assert config["embedding"] and config["rerank"]
     own = tmp_path / "mine.json"
     assert demo_llm_config(Settings(config_file=own), ("vllm",)) == own  # a given configuration wins
+
+
+@pytest.mark.parametrize("demo_llms", [DEFAULT_DEMO_LLMS, tuple(DEMO_LLMS), ("vllm",)])
+def test_the_demo_configuration_follows_the_local_tritons_grpc_port(tmp_path: Path, demo_llms: tuple[str, ...]
+                                                                     ) -> None:
+    config = load_model_config(demo_llm_config(Settings(cache_dir=tmp_path, triton_grpc_port=9101), demo_llms))
+    entries = [*config.llm, *config.embedding, *config.rerank]
+    assert entries and {entry.triton_grpc_url for entry in entries} == {"127.0.0.1:9101"}
+    assert len(config.llm) == (len(DEMO_LLMS) if demo_llms == tuple(DEMO_LLMS) else 1)
+    own = tmp_path / "mine.json"
+    assert demo_llm_config(Settings(config_file=own, triton_grpc_port=9101), demo_llms) == own
 
 
 @pytest.mark.parametrize(("flat", "words"), [
