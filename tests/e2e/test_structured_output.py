@@ -1,14 +1,12 @@
 """Structured output and tools end to end, enforced by guided decoding: the openai SDK and LangChain → edge
-→ llm service → a real Triton serving the demo SmolLM2 behind TensorRT-LLM's and vLLM's interfaces, whose
-guided decoding is xgrammar's, as in those backends. SmolLM2-135M left alone rarely writes valid JSON, so
-a valid answer shows the enforcement. Requests are greedy and short: the model runs on this CPU.
+→ llm service → the session's real Triton serving the demo SmolLM2 behind TensorRT-LLM's and vLLM's
+interfaces, whose guided decoding is xgrammar's, as in those backends. SmolLM2-135M left alone rarely writes
+valid JSON, so a valid answer shows the enforcement. Requests are greedy and short: the model runs on this CPU.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any, Literal
 
 import httpx
@@ -17,47 +15,19 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
-from launcher.stack import ALL_DEMO_LLMS_CONFIG, DEMO_LLM_REPOSITORY, DEMO_LLMS, LocalStack
+from launcher.stack import DEMO_LLMS, LocalStack
 from tests.e2e.test_responses import EVENT_SCHEMAS
 from tests.support.openai_schema import validate
-from tests.support.ports import free_port
-from tests.support.stack import metrics_ports, stack_settings
 from tests.support.streams import stream_events
-from tritongate.registry import SERVICES
-from tritongate.settings import DEPLOY_DIR, default_cache_dir
-from tritongate.triton_local import TritonProcess, start_triton
 
 GUIDED = [DEMO_LLMS["tensorrt_llm"], DEMO_LLMS["vllm"]]
 FT = DEMO_LLMS["fastertransformer"]
 
 
 @pytest.fixture(scope="module")
-def demo_triton(models_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonProcess]:
-    process = start_triton(repositories=[DEPLOY_DIR / "triton", DEMO_LLM_REPOSITORY], models_dir=models_dir,
-                           cache_dir=default_cache_dir(), http_port=free_port(), grpc_port=free_port(),
-                           metrics_port=free_port(), log_path=tmp_path_factory.mktemp("triton") / "tritonserver.log",
-                           load_models=[*(path.name for path in (DEPLOY_DIR / "triton").iterdir()
-                                          if (path / "config.pbtxt").is_file()), *GUIDED])
-    try:
-        process.wait_ready(600)
-        yield process
-    finally:
-        process.stop()
-
-
-@pytest.fixture(scope="module")
-def demo_client(demo_triton: TritonProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[openai.OpenAI]:
-    config = json.loads(ALL_DEMO_LLMS_CONFIG.read_text())
-    config["llm"] = [entry for entry in config["llm"] if entry["name"] in (FT, *GUIDED)]
-    for service in SERVICES:
-        for entry in config.get(service.section, []):
-            entry["url"] = demo_triton.grpc_url
-    config["model_infos"] = [info for info in config["model_infos"] if info["name"] in (FT, *GUIDED)]
-    folder = tmp_path_factory.mktemp("config")
-    (folder / "model_config.json").write_text(json.dumps(config))
-    with LocalStack(stack_settings(folder / "model_config.json"), triton=demo_triton,
-                    log_dir=tmp_path_factory.mktemp("logs"), metrics_ports=metrics_ports()) as stack:
-        yield openai.OpenAI(base_url=f"{stack.edge_url}/v1", api_key="unused", max_retries=0, timeout=300)
+def demo_client(stack: LocalStack) -> openai.OpenAI:
+    """The session stack, which serves every demo LLM id beside the test models (tests/support/stack.py)."""
+    return openai.OpenAI(base_url=f"{stack.edge_url}/v1", api_key="unused", max_retries=0, timeout=300)
 
 
 class City(BaseModel):
