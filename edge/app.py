@@ -13,6 +13,7 @@ from fastapi import FastAPI
 from edge.auth import install_auth
 from edge.clients import ServiceClients
 from edge.errors import install_error_handlers
+from edge.lean import LeanRoutes
 from edge.limits import BodySizeLimit
 from edge.routers import (
     chat,
@@ -67,6 +68,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for module in (models, chat, completions, embeddings, rerank, responses, interactive, tokenize, health,
                    playground):
         app.include_router(module.router)
+    # Innermost, inside the body limit, the keys and the metrics: the hot routes without FastAPI's machinery.
+    app.add_middleware(LeanRoutes, routers=(embeddings.router, rerank.router))
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     install_auth(app, settings)  # outside the body limit: a request without a key is refused unread
     install_metrics(app)

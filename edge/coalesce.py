@@ -1,8 +1,8 @@
-"""Batch-while-busy towards the embed and rerank services: requests for one model that arrive while
-`slots` calls for it are in flight wait, and leave together in one batch RPC (EmbedBatch, RerankBatch)
-as soon as a call returns. A request that finds a free slot goes at once, as an ordinary unary call: no
-timer, no added latency when idle. Under load, the gRPC hop and the service's per-call work are paid
-per batch, not per request.
+"""Batch-while-busy towards the embed and rerank services: requests for one model leave together in one
+batch RPC (EmbedBatch, RerankBatch) when they arrive in the same turn of the event loop, or while `slots`
+calls for it are in flight (then as soon as a call returns). A request alone goes as an ordinary unary
+call, from its own task: no timer, no added latency when idle. Under load, the gRPC hop and the
+service's per-call work are paid per batch, not per request.
 
 Each request keeps what a unary call would give it: its request id and its own deadline travel with it
 (`ItemContext`), its failure is its own (an item error, mapped by the same table as a failed call), and
@@ -27,6 +27,7 @@ from tritongate.logs import REQUEST_ID
 from tritongate.wire import REQUEST_ID_KEY
 
 MAX_ITEMS = 64  # requests per batch call at most
+_ALONE: Any = object()  # a waiting request's answer when it is to make its own unary call
 
 
 @dataclass(slots=True)
@@ -59,26 +60,32 @@ class Coalescer:
         self._waiting: dict[str, deque[_Pending]] = defaultdict(deque)
         self._in_flight: dict[str, int] = defaultdict(int)
         self._running: dict[asyncio.Task[None], list[_Pending]] = {}
+        self._scheduled: set[str] = set()  # models whose dispatch is due in the loop's next turn
 
     async def call(self, request: Any) -> Any:
         """The service's answer to `request` (an OpenAIError when it fails)."""
         model = request.model
-        waiting = self._waiting[model]
-        if self._in_flight[model] < self.slots and not waiting:
-            self._in_flight[model] += 1
-            try:
-                return await self._unary(request, REQUEST_ID.get(), self.timeout)
-            finally:
-                self._in_flight[model] -= 1
-                self._dispatch(model)
         pending = _Pending(request, REQUEST_ID.get(), time.monotonic() + self.timeout)
-        waiting.append(pending)
+        self._waiting[model].append(pending)
+        if model not in self._scheduled:  # after this turn of the loop, with whatever else arrived in it
+            self._scheduled.add(model)
+            asyncio.get_running_loop().call_soon(self._dispatch, model)
         try:
-            return await pending.result
+            outcome = await pending.result
+        except asyncio.CancelledError:
+            if pending.result.done() and not pending.result.cancelled() and pending.result.result() is _ALONE:
+                self._release(model)  # its slot was taken for it
+            raise
         finally:
             if not pending.result.done():
                 pending.result.cancel()
             self._drop_abandoned()
+        if outcome is not _ALONE:
+            return outcome
+        try:  # alone: its own unary call, from the caller's task (no task of its own)
+            return await self._unary(request, pending.request_id, pending.deadline - time.monotonic())
+        finally:
+            self._release(model)
 
     async def _unary(self, request: Any, request_id: str, timeout: float) -> Any:
         try:
@@ -86,7 +93,12 @@ class Coalescer:
         except grpc.aio.AioRpcError as exc:
             raise self.calls.call_failure(exc) from None
 
+    def _release(self, model: str) -> None:
+        self._in_flight[model] -= 1
+        self._dispatch(model)
+
     def _dispatch(self, model: str) -> None:
+        self._scheduled.discard(model)
         waiting = self._waiting[model]
         while self._in_flight[model] < self.slots and waiting:
             batch: list[_Pending] = []
@@ -97,6 +109,9 @@ class Coalescer:
             if not batch:
                 break
             self._in_flight[model] += 1
+            if len(batch) == 1:
+                batch[0].result.set_result(_ALONE)
+                continue
             task = asyncio.create_task(self._send(model, batch))
             self._running[task] = batch
             task.add_done_callback(lambda done: self._running.pop(done, None))
@@ -109,20 +124,13 @@ class Coalescer:
 
     async def _send(self, model: str, batch: list[_Pending]) -> None:
         try:
-            now = time.monotonic()
-            if len(batch) == 1:
-                only = batch[0]
-                outcomes: Sequence[Any] = [await self._outcome(self._unary(only.request, only.request_id,
-                                                                           only.deadline - now))]
-            else:
-                outcomes = await self._batch(batch, now)
+            outcomes = await self._batch(batch, time.monotonic())
         except grpc.aio.AioRpcError as exc:
             outcomes = [self.calls.call_failure(exc) for _ in batch]
         except OpenAIError as exc:
             outcomes = [exc] * len(batch)
         finally:
-            self._in_flight[model] -= 1
-            self._dispatch(model)
+            self._release(model)
         for pending, outcome in zip(batch, outcomes, strict=True):
             if pending.result.done():
                 continue
@@ -130,13 +138,6 @@ class Coalescer:
                 pending.result.set_exception(outcome)
             else:
                 pending.result.set_result(outcome)
-
-    @staticmethod
-    async def _outcome(call: Awaitable[Any]) -> Any:
-        try:
-            return await call
-        except OpenAIError as exc:
-            return exc
 
     async def _batch(self, batch: list[_Pending], now: float) -> list[Any]:
         calls = self.calls

@@ -1,5 +1,6 @@
 """Typed FastAPI dependencies: what a router may ask for. The lifespan (edge/app.py) opens the service
-clients; this is the one place that reads them (and the settings) off the app."""
+clients; this is the one place that reads them (and the settings) off the app. Lean endpoints
+(edge/lean.py), which FastAPI's dependency injection does not serve, call `clients` and `settings`."""
 
 from __future__ import annotations
 
@@ -7,41 +8,37 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from edge.clients import EmbedClient, LlmClient, ModelDirectory, RerankClient, ServiceClients
+from edge.clients import LlmClient, ModelDirectory, ServiceClients
 from edge.endpoints.interactive import Session
 from edge.endpoints.responses import Stored
 from edge.store import BoundedStore
 from tritongate.settings import Settings
 
 
-def _clients(request: Request) -> ServiceClients:
-    clients: ServiceClients = request.app.state.clients
-    return clients
+def clients(request: Request) -> ServiceClients:
+    found: ServiceClients = request.app.state.clients
+    return found
+
+
+def settings(request: Request) -> Settings:
+    found: Settings = request.app.state.settings
+    return found
 
 
 async def _settings(request: Request) -> Settings:
-    settings: Settings = request.app.state.settings
-    return settings
+    return settings(request)
 
 
 async def _all(request: Request) -> ServiceClients:
-    return _clients(request)
+    return clients(request)
 
 
 async def _directory(request: Request) -> ModelDirectory:
-    return _clients(request).directory
+    return clients(request).directory
 
 
 async def _llm(request: Request) -> LlmClient:
-    return _clients(request).llm
-
-
-async def _embed(request: Request) -> EmbedClient:
-    return _clients(request).embed
-
-
-async def _rerank(request: Request) -> RerankClient:
-    return _clients(request).rerank
+    return clients(request).llm
 
 
 async def _response_store(request: Request) -> BoundedStore[Stored]:
@@ -58,7 +55,5 @@ SettingsDep = Annotated[Settings, Depends(_settings)]
 ClientsDep = Annotated[ServiceClients, Depends(_all)]
 DirectoryDep = Annotated[ModelDirectory, Depends(_directory)]
 LlmDep = Annotated[LlmClient, Depends(_llm)]
-EmbedDep = Annotated[EmbedClient, Depends(_embed)]
-RerankDep = Annotated[RerankClient, Depends(_rerank)]
 ResponseStoreDep = Annotated[BoundedStore[Stored], Depends(_response_store)]
 SessionsDep = Annotated[BoundedStore[Session], Depends(_sessions)]

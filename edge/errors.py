@@ -135,27 +135,32 @@ def from_validation(exc: RequestValidationError) -> OpenAIError:
     return bad_request(message, param)
 
 
-def install_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(OpenAIError)
-    async def _openai(_: Request, exc: OpenAIError) -> JSONResponse:
-        return exc.response()
-
-    @app.exception_handler(ParamError)
-    async def _rule(_: Request, exc: ParamError) -> JSONResponse:
-        return bad_request(exc.message, exc.param, exc.code).response()
-
-    @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return from_validation(exc).response()
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+def as_openai_error(exc: Exception) -> OpenAIError:
+    """What the client sees for `exc`: a broken rule, a failed validation or an HTTP error as its 4xx, and
+    anything unexpected (logged here) as a 500 that tells nothing of its cause."""
+    if isinstance(exc, OpenAIError):
+        return exc
+    if isinstance(exc, ParamError):
+        return bad_request(exc.message, exc.param, exc.code)
+    if isinstance(exc, RequestValidationError):
+        return from_validation(exc)
+    if isinstance(exc, StarletteHTTPException):
         message = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail)
-        return OpenAIError(exc.status_code, message).response()
+        return OpenAIError(exc.status_code, message)
+    log.error("unexpected error", exc_info=exc)
+    return OpenAIError(500, "The server had an error while processing your request.")
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    async def handle(_: Request, exc: Exception) -> JSONResponse:
+        return as_openai_error(exc).response()
+
+    for kind in (OpenAIError, ParamError, RequestValidationError, StarletteHTTPException):
+        app.add_exception_handler(kind, handle)
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
-        log.exception("unexpected error")
+        response = as_openai_error(exc).response()
         # Starlette answers this one outside every middleware, so the request id is added here.
-        return OpenAIError(500, "The server had an error while processing your request.",
-                           headers={REQUEST_ID_KEY: REQUEST_ID.get()}).response()
+        response.headers[REQUEST_ID_KEY] = REQUEST_ID.get()
+        return response

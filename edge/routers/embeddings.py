@@ -1,20 +1,21 @@
-"""POST /v1/embeddings (the rules and shapes are in edge/endpoints/embeddings.py)."""
+"""POST /v1/embeddings (the rules and shapes are in edge/endpoints/embeddings.py); a lean route
+(edge/lean.py)."""
 
 from __future__ import annotations
 
 from fastapi import Request, Response
 
-from edge.api_router import api_router, ok
+from edge import deps
+from edge.api_router import ok
 from edge.cancel import until_disconnected
-from edge.deps import EmbedDep, SettingsDep
 from edge.endpoints import embeddings
+from edge.lean import lean_router
 
-router = api_router()
+router = lean_router()
 
 
 @router.post("/v1/embeddings", tags=["embeddings"], responses=ok(embeddings.CreateEmbeddingResponse))
-async def create_embeddings(body: embeddings.EmbeddingRequest, request: Request, embed: EmbedDep,
-                            settings: SettingsDep) -> Response:
-    proto = embeddings.to_proto(body, settings.max_embedding_inputs)
-    response = await until_disconnected(request, embed.embed(proto))
+async def create_embeddings(body: embeddings.EmbeddingRequest, request: Request) -> Response:
+    proto = embeddings.to_proto(body, deps.settings(request).max_embedding_inputs)
+    response = await until_disconnected(request, deps.clients(request).embed.embed(proto))
     return Response(embeddings.to_json(response, body.encoding_format), media_type="application/json")

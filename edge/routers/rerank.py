@@ -1,4 +1,5 @@
-"""Rerank at /v1/rerank, /v2/rerank and /rerank (the rules and shapes are in edge/endpoints/rerank.py)."""
+"""Rerank at /v1/rerank, /v2/rerank and /rerank (the rules and shapes are in edge/endpoints/rerank.py);
+lean routes (edge/lean.py)."""
 
 from __future__ import annotations
 
@@ -9,14 +10,15 @@ from fastapi import Request, Response
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError, WithJsonSchema
 
-from edge.api_router import api_router, ok
+from edge import deps
+from edge.api_router import ok
 from edge.cancel import until_disconnected
 from edge.clients import RerankClient
-from edge.deps import RerankDep, SettingsDep
 from edge.endpoints import rerank
 from edge.endpoints.common import ParamError
+from edge.lean import lean_router
 
-router = api_router(tags=["rerank"])
+router = lean_router(tags=["rerank"])
 
 
 def _parse(model: type[BaseModel], body: Any) -> Any:
@@ -49,15 +51,15 @@ async def _single_model(client: RerankClient) -> str:
 
 @router.post("/v1/rerank", responses=ok(rerank.RerankResponse))
 @router.post("/v2/rerank", responses=ok(rerank.RerankResponse))
-async def rerank_documents(body: rerank.RerankRequest, request: Request, client: RerankDep, settings: SettingsDep
-                           ) -> Response:
-    return await _rerank(request, client, body, settings.max_rerank_documents)
+async def rerank_documents(body: rerank.RerankRequest, request: Request) -> Response:
+    return await _rerank(request, deps.clients(request).rerank, body, deps.settings(request).max_rerank_documents)
 
 
 @router.post("/rerank", responses=ok(rerank.RerankResponse | rerank.TEIRerankResponse))
-async def rerank_any(body: Annotated[dict[str, Any], WithJsonSchema(rerank.EITHER_SCHEMA)], request: Request,
-                     client: RerankDep, settings: SettingsDep) -> Response:
+async def rerank_any(body: Annotated[dict[str, Any], WithJsonSchema(rerank.EITHER_SCHEMA)], request: Request
+                     ) -> Response:
     """RAGFlow posts Denglin's body here without /v1; TEI clients post `texts`."""
+    client, settings = deps.clients(request).rerank, deps.settings(request)
     if rerank.is_tei(body):
         tei = _parse(rerank.TEIRerankRequest, body)
         return await _tei_rerank(request, client, tei, settings.max_rerank_documents)

@@ -77,6 +77,7 @@ class Batcher:
         self._waiting: deque[_Waiting] = deque()
         self._in_flight = 0
         self._running: dict[asyncio.Task[None], list[_Waiting]] = {}  # Triton calls and whose rows they carry
+        self._scheduled = False
 
     async def submit(self, rows: Sequence[Row]) -> np.ndarray:
         """The call's output rows for `rows`, in order (no rows: no call, and a (0, 0) array)."""
@@ -87,7 +88,9 @@ class Batcher:
         request_id = REQUEST_ID.get()
         parts = [_Waiting(rows[i:i + size], request_id) for i in range(0, len(rows), size)]
         self._waiting.extend(parts)
-        self._dispatch()
+        if not self._scheduled:  # after this turn of the loop: rows submitted in the same turn leave together
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._dispatch)
         try:
             results = [await parts[0].result] if len(parts) == 1 else \
                 await asyncio.gather(*(part.result for part in parts))
@@ -98,6 +101,7 @@ class Batcher:
         return results[0] if len(results) == 1 else np.concatenate(results)
 
     def _dispatch(self) -> None:
+        self._scheduled = False
         while self._in_flight < self.slots and self._waiting:
             batch: list[_Waiting] = []
             size = 0

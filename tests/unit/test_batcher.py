@@ -31,6 +31,12 @@ def rows(*ids: int) -> list[Row]:
     return [Row([i]) for i in ids]
 
 
+async def settle() -> None:
+    """Let the submitted tasks run and the batcher dispatch (a turn of the loop after a submission)."""
+    for _ in range(3):
+        await asyncio.sleep(0)
+
+
 async def test_an_idle_batcher_sends_at_once() -> None:
     fake = FakeTriton()
     fake.release.set()
@@ -44,14 +50,23 @@ async def test_requests_waiting_for_a_slot_leave_together() -> None:
     fake = FakeTriton()
     batcher = Batcher(fake, batch_size=8, slots=1)
     first = asyncio.create_task(batcher.submit(rows(1)))
-    await asyncio.sleep(0)
+    await settle()
     others = [asyncio.create_task(batcher.submit(rows(i, i + 1))) for i in (2, 4, 6)]
-    await asyncio.sleep(0)
+    await settle()
     assert fake.calls == [[1]]  # the rest wait for the one slot
     fake.release.set()
     results = await asyncio.gather(first, *others)
     assert fake.calls == [[1], [2, 3, 4, 5, 6, 7]]
     assert [r.ravel().tolist() for r in results] == [[10], [20, 30], [40, 50], [60, 70]]
+
+
+async def test_requests_submitted_in_the_same_turn_leave_together_even_with_slots_free() -> None:
+    fake = FakeTriton()
+    fake.release.set()
+    batcher = Batcher(fake, batch_size=8, slots=4)
+    results = await asyncio.gather(*(batcher.submit(rows(i)) for i in (1, 2, 3)))
+    assert fake.calls == [[1, 2, 3]]
+    assert [r.ravel().tolist() for r in results] == [[10], [20], [30]]
 
 
 async def test_large_requests_are_split_into_equal_parts_of_at_most_the_batch_size() -> None:
@@ -75,10 +90,10 @@ async def test_a_cancelled_caller_does_not_reach_triton() -> None:
     fake = FakeTriton()
     batcher = Batcher(fake, batch_size=8, slots=1)
     first = asyncio.create_task(batcher.submit(rows(1)))
-    await asyncio.sleep(0)
+    await settle()
     gone = asyncio.create_task(batcher.submit(rows(2)))
     kept = asyncio.create_task(batcher.submit(rows(3)))
-    await asyncio.sleep(0)
+    await settle()
     gone.cancel()
     fake.release.set()
     await first
@@ -111,9 +126,9 @@ async def test_a_triton_call_whose_callers_all_left_is_cancelled() -> None:
 
     batcher = Batcher(call, batch_size=8, slots=1)
     alone = asyncio.create_task(batcher.submit(rows(1)))
-    await asyncio.sleep(0)
+    await settle()
     shared = [asyncio.create_task(batcher.submit(rows(i))) for i in (2, 3)]  # wait, then leave together
-    await asyncio.sleep(0)
+    await settle()
     alone.cancel()  # its deadline passed: its call is dropped, the waiting two leave together
     await asyncio.sleep(0.01)
     assert cancelled == [[1]]

@@ -128,3 +128,27 @@ async def test_a_batch_whose_callers_all_went_away_is_cancelled() -> None:
         task.cancel()
     await settle()
     assert service.cancelled == 1
+
+
+async def test_requests_that_arrive_in_the_same_turn_leave_together_even_with_slots_free() -> None:
+    service = FakeService()
+    service.release_batches.set()
+    coalesce = coalescer(service, slots=2)
+    results = await asyncio.gather(*(call(coalesce, text, f"id-{text}") for text in ("a", "bb")))
+    assert service.unary_calls == []
+    assert [[(text, rid) for text, rid, _ in batch] for batch in service.batch_calls] == [
+        [("a", "id-a"), ("bb", "id-bb")]]
+    assert [result.rows for result in results] == [1, 2]
+
+
+async def test_a_caller_cancelled_as_its_turn_to_go_alone_comes_gives_the_slot_back() -> None:
+    service = FakeService()
+    service.release.set()
+    coalesce = coalescer(service, slots=1)
+    alone = asyncio.create_task(call(coalesce, "a", "id-a"))
+    await asyncio.sleep(0)  # queued; its dispatch is due next turn
+    asyncio.get_running_loop().call_soon(alone.cancel)  # right after the dispatch picked it to go alone
+    with pytest.raises(asyncio.CancelledError):
+        await alone
+    assert (await asyncio.wait_for(call(coalesce, "b", "id-b"), 1)).rows == 1  # the slot was given back
+    assert service.unary_calls == [("b", "id-b")]
