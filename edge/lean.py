@@ -63,7 +63,7 @@ class LeanRoutes:
     def __init__(self, app: ASGIApp, routers: Iterable[APIRouter]) -> None:
         self.app = app
         self.routes = {(method, route.path): route for router in routers for route in router.routes
-                       if isinstance(route, LeanRoute) for method in route.methods}
+                       if isinstance(route, LeanRoute) for method in route.methods or ()}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         route = self.routes.get((scope["method"], scope["path"])) if scope["type"] == "http" else None

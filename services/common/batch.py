@@ -1,23 +1,25 @@
-"""The batch RPCs (EmbedBatch, RerankBatch): several requests in one call, each served as its own unary
-call would be. The edge sends them when requests for one model arrive while another call is in flight.
+"""The batch RPCs (EmbedBatch, RerankBatch): several requests in one call, each answered as its own unary
+call would be. The edge sends them when requests for one model arrive together or while another call is
+in flight.
 
-Each item runs in its own task, with its own request id bound (log lines, Triton request ids), its own
-deadline, and its own admission slot, so that `max_in_flight` counts requests however they travel; an
-item that fails (a bad input, no slot, the deadline) fails alone, with the status a unary call would
-have had.
+The items of one model are served together (`EncoderModel.serve_many`: one tokenizer call, their rows
+in one submission to the batcher), under the longest of their deadlines, with their request ids joined
+for the log lines and the Triton request id. Each item takes its own admission slot, so `max_in_flight`
+counts requests however they travel; an item that fails (a bad input, no slot) fails alone, with the
+status a unary call would have had.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
 import grpc
 
 from services.common.admission import Admission
-from services.common.encoder import EncoderModel
+from services.common.encoder import MAX_BATCH_IDS, EncoderModel
 from services.common.errors import ServiceError
 from services.common.metrics import BATCHED
 from services.common.server import ModelSet
@@ -46,6 +48,8 @@ class Item(Protocol):
 def item_error(exc: BaseException) -> common_pb2.ItemError:
     """What a unary call would have ended with; anything unexpected is logged and is INTERNAL."""
     if isinstance(exc, ServiceError):
+        if exc.code in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNAVAILABLE):
+            log.warning("%s: %s", exc.code.name, exc.message)
         return common_pb2.ItemError(code=exc.code.value[0], message=exc.message, param=exc.param or "",
                                     error_code=exc.error_code or "")
     log.error("unexpected error in %s", type(exc).__name__, exc_info=exc)
@@ -53,43 +57,42 @@ def item_error(exc: BaseException) -> common_pb2.ItemError:
                                 message="internal error in the service; see its log")
 
 
-def encode_by_model(models: ModelSet[M], requests: Sequence[Any]) -> list[Any]:
-    """Each request's tokens, from one `encode_many` per model over all its requests (None where the
-    model is unknown: that request fails on its own later)."""
-    encoded: list[Any] = [None] * len(requests)
-    for name in {r.model for r in requests} & set(models.names()):
-        positions = [i for i, r in enumerate(requests) if r.model == name]
-        for i, tokens in zip(positions, models.get(name).encode_many([requests[i] for i in positions]), strict=True):
-            encoded[i] = tokens
-    return encoded
-
-
-async def serve_batch(models: ModelSet[M], request: Any, admission: Admission | None,
-                      serve: Callable[[M, Any, float | None, Any], Awaitable[Any]], method: str,
+async def serve_batch(models: ModelSet[M], request: Any, admission: Admission | None, method: str,
                       result: Callable[..., Any], response: Callable[..., Response]) -> Response:
-    """The answer to a batch RPC (`request.items`): `serve(model, request, timeout, tokens)` for every item
-    concurrently, the tokenization done for all items of each model first; each item's answer or error as
-    a `result(response=...)` or `result(error=...)` in `response(results=[...])`."""
+    """The answer to a batch RPC (`request.items`): the items of each model served together, the models
+    concurrently; each item's answer or error as a `result(response=...)` or `result(error=...)` in
+    `response(results=[...])`."""
     items: Sequence[Item] = request.items
-    encoded = encode_by_model(models, [item.request for item in items])
-
-    async def one(position: int, item: Item) -> Any:
-        bind_request_id(item.context.request_id or NO_REQUEST)  # this item's task alone
+    outcomes: list[Any] = [None] * len(items)
+    by_model: dict[str, list[int]] = {}
+    admitted = 0
+    for position, item in enumerate(items):
         if admission is not None and not admission.try_enter():
-            return common_pb2.ItemError(code=grpc.StatusCode.RESOURCE_EXHAUSTED.value[0],
-                                        message=admission.message(), error_code=OVERLOADED)
-        try:
-            model = models.get(item.request.model)
-            return await serve(model, item.request, item.context.timeout_s or None, encoded[position])
-        except Exception as exc:
-            if isinstance(exc, ServiceError) and exc.code in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNAVAILABLE):
-                log.warning("%s: %s", exc.code.name, exc.message)
-            return item_error(exc)
-        finally:
-            if admission is not None:
-                admission.leave()
+            outcomes[position] = common_pb2.ItemError(code=grpc.StatusCode.RESOURCE_EXHAUSTED.value[0],
+                                                      message=admission.message(), error_code=OVERLOADED)
+        else:
+            admitted += 1
+            by_model.setdefault(item.request.model, []).append(position)
 
-    outcomes = await asyncio.gather(*(one(i, item) for i, item in enumerate(items)))
+    async def serve(name: str, positions: list[int]) -> None:
+        together = [items[i] for i in positions]
+        ids = dict.fromkeys(item.context.request_id for item in together if item.context.request_id)
+        bind_request_id(",".join(ids)[:MAX_BATCH_IDS] or NO_REQUEST)  # this task's own context
+        timeouts = [item.context.timeout_s for item in together]
+        try:
+            answers = await models.get(name).serve_many([item.request for item in together],
+                                                        max(timeouts) if all(timeouts) else None)
+        except Exception as exc:
+            answers = [exc] * len(together)
+        for position, answer in zip(positions, answers, strict=True):
+            outcomes[position] = item_error(answer) if isinstance(answer, BaseException) else answer
+
+    try:
+        await asyncio.gather(*(serve(name, positions) for name, positions in by_model.items()))
+    finally:
+        if admission is not None:
+            for _ in range(admitted):
+                admission.leave()
     results = []
     for outcome in outcomes:
         failed = isinstance(outcome, common_pb2.ItemError)

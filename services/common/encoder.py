@@ -187,6 +187,17 @@ class EncoderModel(ServedModel):
         """Tokenize the requests of a batch RPC together (services/common/batch.py)."""
         raise NotImplementedError
 
+    async def serve(self, request: Any, timeout: float | None, encoded: Any = None) -> Any:
+        """The answer to one request (`encoded`: its tokens from `encode_many`, when tokenized already)."""
+        raise NotImplementedError
+
+    async def serve_many(self, requests: Sequence[Any], timeout: float | None) -> list[Any]:
+        """The answers to the requests of a batch RPC (each an answer or its own exception), tokenized
+        together, then served concurrently; their rows merge in the batcher."""
+        return await asyncio.gather(*(self.serve(request, timeout, encoded) for request, encoded
+                                      in zip(requests, self.encode_many(requests), strict=True)),
+                                    return_exceptions=True)
+
     def check_token_ids(self, rows: Sequence[Sequence[int]], param: str) -> None:
         for i, ids in enumerate(rows):
             bad = next((t for t in ids if t >= self.vocab_size), None)

@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 
 from services.common.encoder import EncoderModel, Row
-from services.common.errors import invalid_argument
+from services.common.errors import ServiceError, invalid_argument
+from services.common.tokenizer import text_encoder
 from services.common.triton import Triton
 from tritongate.common.v1 import common_pb2
 from tritongate.config import EmbeddingModel, Pooling
@@ -49,6 +50,7 @@ class Embedder(EncoderModel):
         super().__init__(entry, triton)
         self.pooling: Pooling = folder_pooling(entry.path) if entry.pooling == "auto" else entry.pooling  # type: ignore[assignment]
         self.post = lambda output, mask: pool(output, mask, self.pooling)
+        self.encode_texts = text_encoder(self.tokenizer, entry.truncate, self.max_tokens)
 
     def configured_output(self) -> str | None:
         return self.entry.output_name
@@ -66,9 +68,7 @@ class Embedder(EncoderModel):
     def encode(self, texts: list[str]) -> list[list[int]]:
         if not texts:
             return []
-        ids: list[list[int]] = self.tokenizer(texts, truncation=self.entry.truncate,
-                                              max_length=self.max_tokens)["input_ids"]
-        return ids
+        return self.encode_texts(texts)
 
     def encode_many(self, requests: Sequence[embed_pb2.EmbedRequest]) -> list[list[list[int]] | None]:
         """The token ids of each text request in one tokenizer call over all their texts (the fast
@@ -98,14 +98,17 @@ class Embedder(EncoderModel):
                                        f"{self.max_tokens}", "input")
         return rows
 
-    async def embed(self, request: embed_pb2.EmbedRequest, timeout: float | None,
-                    encoded: list[list[int]] | None = None) -> embed_pb2.EmbedResponse:
+    def rows(self, request: embed_pb2.EmbedRequest, encoded: list[list[int]] | None = None) -> list[list[int]]:
+        """The request's token rows, checked (tokens, `dimensions`) before anything runs."""
         rows = self.tokenize(request, encoded)
-        await self.ensure_ready()
         if request.dimensions and self.dimensions and request.dimensions > self.dimensions:
             raise invalid_argument(f"`dimensions` is {request.dimensions}, but `{self.name}` has "
                                    f"{self.dimensions}", "dimensions")
-        vectors = await self.run([Row(ids) for ids in rows], timeout)
+        return rows
+
+    def answer(self, request: embed_pb2.EmbedRequest, rows: list[list[int]], vectors: np.ndarray
+               ) -> embed_pb2.EmbedResponse:
+        """The EmbedResponse from the model's vectors for `rows`: cut to `dimensions`, normalised."""
         if request.dimensions:
             vectors = vectors[:, : request.dimensions]
         if self.entry.normalize:
@@ -119,3 +122,36 @@ class Embedder(EncoderModel):
             usage=common_pb2.Usage(prompt_tokens=tokens, total_tokens=tokens),
         )
 
+    async def serve(self, request: embed_pb2.EmbedRequest, timeout: float | None,
+                    encoded: list[list[int]] | None = None) -> embed_pb2.EmbedResponse:
+        rows = self.rows(request, encoded)
+        await self.ensure_ready()
+        return self.answer(request, rows, await self.run([Row(ids) for ids in rows], timeout))
+
+    async def serve_many(self, requests: Sequence[embed_pb2.EmbedRequest], timeout: float | None
+                         ) -> list[embed_pb2.EmbedResponse | ServiceError]:
+        """The requests of a batch RPC, as one: tokenized in one call, their rows in one submission to
+        the batcher, each request's answer (or its own error) cut from the vectors."""
+        answers: list[embed_pb2.EmbedResponse | ServiceError] = []
+        accepted: list[tuple[int, list[list[int]]]] = []  # (position, rows)
+        for position, (request, encoded) in enumerate(zip(requests, self.encode_many(requests), strict=True)):
+            try:
+                accepted.append((position, self.rows(request, encoded)))
+                answers.append(_PENDING)
+            except ServiceError as exc:
+                answers.append(exc)
+        if not accepted:
+            return answers
+        try:
+            await self.ensure_ready()
+            vectors = await self.run([Row(ids) for _, rows in accepted for ids in rows], timeout)
+        except ServiceError as exc:
+            return [exc if answer is _PENDING else answer for answer in answers]
+        start = 0
+        for position, rows in accepted:
+            answers[position] = self.answer(requests[position], rows, vectors[start:start + len(rows)])
+            start += len(rows)
+        return answers
+
+
+_PENDING = embed_pb2.EmbedResponse()  # a place held for an answer that is still to come

@@ -11,19 +11,14 @@ from services.embed.embedder import Embedder
 from tritongate.embed.v1 import embed_pb2, embed_pb2_grpc
 
 
-async def _embed(model: Embedder, request: embed_pb2.EmbedRequest, timeout: float | None,
-                 encoded: list[list[int]] | None) -> embed_pb2.EmbedResponse:
-    return await model.embed(request, timeout, encoded)
-
-
 class EmbedServicer(ListModelsServicer[Embedder], embed_pb2_grpc.EmbedServiceServicer):
     @rpc
     async def Embed(self, request: embed_pb2.EmbedRequest, context: grpc.aio.ServicerContext
                     ) -> embed_pb2.EmbedResponse:
-        return await self.models.get(request.model).embed(request, context.time_remaining())
+        return await self.models.get(request.model).serve(request, context.time_remaining())
 
     @rpc
     async def EmbedBatch(self, request: embed_pb2.EmbedBatchRequest, context: grpc.aio.ServicerContext
                          ) -> embed_pb2.EmbedBatchResponse:
-        return await serve_batch(self.models, request, self.admission, _embed, "EmbedBatch",
+        return await serve_batch(self.models, request, self.admission, "EmbedBatch",
                                  embed_pb2.EmbedBatchResult, embed_pb2.EmbedBatchResponse)

@@ -94,8 +94,8 @@ class Reranker(EncoderModel):
             rows.append(Row(ids, encoded.types[i] if encoded.types is not None else None))
         return rows
 
-    async def rerank(self, request: rerank_pb2.RerankRequest, timeout: float | None,
-                     encoded: Encoded | None = None) -> rerank_pb2.RerankResponse:
+    async def serve(self, request: rerank_pb2.RerankRequest, timeout: float | None,
+                    encoded: Encoded | None = None) -> rerank_pb2.RerankResponse:
         if not request.documents:  # nothing to score (the edge refuses this for its clients)
             return rerank_pb2.RerankResponse(model=self.name, usage=common_pb2.Usage())
         rows = self.tokenize(request, encoded)

@@ -7,23 +7,18 @@ import grpc
 from services.common.batch import serve_batch
 from services.common.errors import rpc
 from services.common.server import ListModelsServicer
-from services.rerank.reranker import Encoded, Reranker
+from services.rerank.reranker import Reranker
 from tritongate.rerank.v1 import rerank_pb2, rerank_pb2_grpc
-
-
-async def _rerank(model: Reranker, request: rerank_pb2.RerankRequest, timeout: float | None,
-                  encoded: Encoded | None) -> rerank_pb2.RerankResponse:
-    return await model.rerank(request, timeout, encoded)
 
 
 class RerankServicer(ListModelsServicer[Reranker], rerank_pb2_grpc.RerankServiceServicer):
     @rpc
     async def Rerank(self, request: rerank_pb2.RerankRequest, context: grpc.aio.ServicerContext
                      ) -> rerank_pb2.RerankResponse:
-        return await self.models.get(request.model).rerank(request, context.time_remaining())
+        return await self.models.get(request.model).serve(request, context.time_remaining())
 
     @rpc
     async def RerankBatch(self, request: rerank_pb2.RerankBatchRequest, context: grpc.aio.ServicerContext
                           ) -> rerank_pb2.RerankBatchResponse:
-        return await serve_batch(self.models, request, self.admission, _rerank, "RerankBatch",
+        return await serve_batch(self.models, request, self.admission, "RerankBatch",
                                  rerank_pb2.RerankBatchResult, rerank_pb2.RerankBatchResponse)
