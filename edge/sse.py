@@ -8,7 +8,6 @@ and with it the gRPC call it is reading, which cancels the Triton request.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -16,9 +15,7 @@ import orjson
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from sse_starlette.sse import AppStatus
 
-from edge.errors import OpenAIError
-
-log = logging.getLogger(__name__)
+from edge.errors import OpenAIError, as_openai_error
 
 # On SIGTERM, sse-starlette would cut every stream at once; instead streams in flight finish while
 # uvicorn drains (up to its graceful-shutdown timeout), like every other request.
@@ -48,14 +45,6 @@ async def _terminated(events: AsyncIterator[bytes], to_error: Callable[[Exceptio
     except Exception as exc:  # cancellation (client gone) is not an Exception and propagates
         yield error_event(to_error(exc))
     yield DONE
-
-
-def as_openai_error(exc: Exception) -> OpenAIError:
-    """OpenAI errors as they are; anything else is logged and becomes a 500 that tells nothing."""
-    if isinstance(exc, OpenAIError):
-        return exc
-    log.error("stream failed", exc_info=exc)
-    return OpenAIError(500, "The server had an error while processing your request.")
 
 
 def sse_response(events: AsyncIterator[bytes], keepalive_s: float,

@@ -25,8 +25,7 @@ from edge.endpoints.as_chat import validated_chat
 from edge.endpoints.chat import ChatCompletionRequest, ChatMessage
 from edge.endpoints.common import UINT32_MAX, OpenAIRequest, ParamError, ResponseModel
 from edge.endpoints.llm_common import Collected, RepetitionPenalty, Stop, Temperature, TopK, TopP, stop_list
-from edge.errors import OpenAIError
-from edge.sse import as_openai_error
+from edge.errors import OpenAIError, as_openai_error
 from edge.store import BoundedStore
 from tritongate.common.v1 import common_pb2
 from tritongate.llm.v1 import llm_pb2

@@ -59,21 +59,23 @@ class _Waiting:
 class Batcher:
     """Continuous batching for encoder calls, as TEI and Infinity do it.
 
-    At most `slots` Triton calls are in flight. A request that finds a free slot goes at once (no
-    added latency when idle); otherwise it waits, and when a call ends, everything waiting (up to
-    `batch_size` rows) leaves together in one call. Under load this turns many one-row requests into
-    few large calls, which is what costs Triton and this process least per row.
+    At most `slots` Triton calls are in flight. What is submitted in one turn of the event loop leaves
+    after that turn (no timer: no added latency when idle), spread over the model's idle `instances`
+    (Triton runs one call on one instance), each call at most `batch_size` rows; what arrives while no
+    slot is free waits, and leaves together when a call ends. Under load this turns many one-row
+    requests into few large calls, which is what costs Triton and this process least per row.
 
     A call runs with REQUEST_ID set to the distinct ids of the requests it serves, joined by ","
     (cut at MAX_BATCH_IDS characters), for its log lines and the Triton request id.
     """
 
     def __init__(self, call: Callable[[list[Row]], Awaitable[np.ndarray]], batch_size: int, slots: int,
-                 model: str = "") -> None:
+                 model: str = "", instances: int = 1) -> None:
         self.call = call
         self.model = model
         self.batch_size = batch_size
         self.slots = slots
+        self.instances = instances  # of the Triton model: how many calls it runs at once
         self._waiting: deque[_Waiting] = deque()
         self._in_flight = 0
         self._running: dict[asyncio.Task[None], list[_Waiting]] = {}  # Triton calls and whose rows they carry
@@ -83,8 +85,10 @@ class Batcher:
         """The call's output rows for `rows`, in order (no rows: no call, and a (0, 0) array)."""
         if not rows:
             return np.zeros((0, 0), dtype=np.float32)
-        # Equal parts (100 rows with batch size 64: 50 + 50, not 64 + 36), so instances finish together.
-        size = max(1, math.ceil(len(rows) / math.ceil(len(rows) / self.batch_size)))
+        # Equal parts (100 rows with batch size 64: 50 + 50, not 64 + 36), at least one per instance, so
+        # that the instances share the work and finish together.
+        count = max(math.ceil(len(rows) / self.batch_size), min(self.instances, len(rows)))
+        size = math.ceil(len(rows) / count)
         request_id = REQUEST_ID.get()
         parts = [_Waiting(rows[i:i + size], request_id) for i in range(0, len(rows), size)]
         self._waiting.extend(parts)
@@ -103,9 +107,13 @@ class Batcher:
     def _dispatch(self) -> None:
         self._scheduled = False
         while self._in_flight < self.slots and self._waiting:
+            # One call per idle instance (at least one call), in equal parts.
+            calls = max(1, min(self.slots, self.instances) - self._in_flight)
+            rows = sum(len(waiting.rows) for waiting in self._waiting)
+            limit = min(self.batch_size, math.ceil(rows / calls))
             batch: list[_Waiting] = []
             size = 0
-            while self._waiting and size + len(self._waiting[0].rows) <= self.batch_size:
+            while self._waiting and (not batch or size + len(self._waiting[0].rows) <= limit):
                 waiting = self._waiting.popleft()
                 if not waiting.result.done():
                     batch.append(waiting)
@@ -144,6 +152,12 @@ class Batcher:
             self._dispatch()
 
 
+def instance_count(triton_config: dict[str, Any]) -> int:
+    """How many instances of the model Triton runs (its `instance_group`s: `count` per listed GPU)."""
+    groups = triton_config.get("instance_group") or []
+    return sum(max(1, int(g.get("count") or 1)) * max(1, len(g.get("gpus") or ())) for g in groups) or 1
+
+
 class EncoderModel(ServedModel):
     """What embedding and rerank models share: tokenizer, tensor layout and batched inference."""
 
@@ -179,6 +193,7 @@ class EncoderModel(ServedModel):
         self.output_dims = [int(d) for d in outputs.get(self.output_name, {}).get("dims", [])]
         self.batch_size = self.entry.max_batch_size or int(triton_config.get("max_batch_size") or 0) or 1
         self.batcher.batch_size = self.batch_size
+        self.batcher.instances = instance_count(triton_config)
 
     def configured_output(self) -> str | None:
         raise NotImplementedError

@@ -7,7 +7,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from services.common.encoder import Batcher, Row
+from services.common.encoder import Batcher, Row, instance_count
 
 
 class FakeTriton:
@@ -67,6 +67,27 @@ async def test_requests_submitted_in_the_same_turn_leave_together_even_with_slot
     results = await asyncio.gather(*(batcher.submit(rows(i)) for i in (1, 2, 3)))
     assert fake.calls == [[1, 2, 3]]
     assert [r.ravel().tolist() for r in results] == [[10], [20], [30]]
+
+
+async def test_what_leaves_together_is_spread_over_the_idle_model_instances() -> None:
+    fake = FakeTriton()
+    batcher = Batcher(fake, batch_size=8, slots=4, instances=2)
+    first = [asyncio.create_task(batcher.submit(rows(i))) for i in (1, 2, 3)]
+    big = asyncio.create_task(batcher.submit(rows(4, 5, 6, 7, 8)))  # a batch RPC's requests, as one
+    await settle()
+    assert sorted(fake.calls) == [[1, 2, 3], [4, 5, 6, 7, 8]]  # both instances busy (a request's parts stay whole)
+    later = [asyncio.create_task(batcher.submit(rows(i))) for i in (9, 10, 11)]
+    await settle()
+    assert fake.calls[2:] == [[9, 10, 11]]  # no instance idle: what arrives leaves in one call
+    fake.release.set()
+    results = await asyncio.gather(*first, big, *later)
+    assert [r.ravel().tolist() for r in results][3] == [40, 50, 60, 70, 80]
+
+
+def test_the_instances_of_a_triton_model_are_read_from_its_instance_groups() -> None:
+    assert instance_count({}) == 1
+    assert instance_count({"instance_group": [{"kind": "KIND_CPU", "count": 2}]}) == 2
+    assert instance_count({"instance_group": [{"count": 2, "gpus": [0, 1]}, {"kind": "KIND_CPU"}]}) == 5
 
 
 async def test_large_requests_are_split_into_equal_parts_of_at_most_the_batch_size() -> None:
