@@ -72,5 +72,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(LeanRoutes, routers=(embeddings.router, rerank.router))
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     install_auth(app, settings)  # outside the body limit: a request without a key is refused unread
-    install_metrics(app)
+    install_metrics(app, settings.access_log)
     return app

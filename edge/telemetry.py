@@ -185,8 +185,10 @@ async def metrics(request: Request) -> Response:
                     media_type=CONTENT_TYPE_LATEST)
 
 
-def install_metrics(app: FastAPI) -> None:
-    """Count and log every request and serve GET /metrics; call after the app's other middleware."""
+def install_metrics(app: FastAPI, access_log_on: bool = True) -> None:
+    """Count and log every request (unless the access log is off) and serve GET /metrics; call after the
+    app's other middleware."""
+    access_log.disabled = not access_log_on
     # An API route (not a bare Starlette one), so that its requests are labelled and logged as /metrics.
     app.add_api_route("/metrics", metrics, methods=["GET"], include_in_schema=False)
     app.add_middleware(HttpMetrics)

@@ -129,3 +129,21 @@ async def test_batch_ids_are_capped() -> None:
     blocker.set()
     await asyncio.gather(*tasks)
     assert max(len(ids) for ids in seen) == MAX_BATCH_IDS
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_the_access_log_can_be_turned_off(on: bool, caplog: pytest.LogCaptureFixture) -> None:
+    from fastapi.testclient import TestClient
+
+    from edge.app import create_app
+    from tritongate.settings import Settings
+
+    caplog.set_level(logging.INFO, logger="tritongate.access")
+    try:
+        with TestClient(create_app(Settings(access_log=on))) as client:
+            assert client.get("/v1/no-such-route").status_code == 404
+    finally:
+        logging.getLogger("tritongate.access").disabled = False
+    lines = [r.getMessage() for r in caplog.records if r.name == "tritongate.access"]
+    assert len(lines) == (1 if on else 0)
+    assert all(line.startswith("GET /v1/no-such-route 404 model=-") for line in lines)
