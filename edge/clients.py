@@ -149,13 +149,17 @@ class EncoderClient(ServiceClient):
         return response
 
 
+def _embed_inputs(request: embed_pb2.EmbedRequest) -> int:
+    return len(request.texts.texts) if request.WhichOneof("input") == "texts" else len(request.tokens.inputs)
+
+
 class EmbedClient(EncoderClient):
     service = EMBED
     stub: EmbedServiceAsyncStub
 
     def batch_calls(self) -> BatchCalls:
         return BatchCalls(self.stub.Embed, self.stub.EmbedBatch, embed_pb2.EmbedBatchRequest,
-                          embed_pb2.EmbedBatchItem, self.failure, self.item_failure)
+                          embed_pb2.EmbedBatchItem, _embed_inputs, self.failure, self.item_failure)
 
     async def embed(self, request: embed_pb2.EmbedRequest) -> embed_pb2.EmbedResponse:
         response: embed_pb2.EmbedResponse = await self._unary(request)
@@ -168,7 +172,8 @@ class RerankClient(EncoderClient):
 
     def batch_calls(self) -> BatchCalls:
         return BatchCalls(self.stub.Rerank, self.stub.RerankBatch, rerank_pb2.RerankBatchRequest,
-                          rerank_pb2.RerankBatchItem, self.failure, self.item_failure)
+                          rerank_pb2.RerankBatchItem, lambda request: len(request.documents), self.failure,
+                          self.item_failure)
 
     async def rerank(self, request: rerank_pb2.RerankRequest) -> rerank_pb2.RerankResponse:
         response: rerank_pb2.RerankResponse = await self._unary(request)

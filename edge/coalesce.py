@@ -2,7 +2,8 @@
 batch RPC (EmbedBatch, RerankBatch) when they arrive in the same turn of the event loop, or while `slots`
 calls for it are in flight (then as soon as a call returns). A request alone goes as an ordinary unary
 call, from its own task: no timer, no added latency when idle. Under load, the gRPC hop and the
-service's per-call work are paid per batch, not per request.
+service's per-call work are paid per batch, not per request. A batch holds at most MAX_INPUTS inputs:
+a large request goes alone.
 
 Each request keeps what a unary call would give it: its request id and its own deadline travel with it
 (`ItemContext`), its failure is its own (an item error, mapped by the same table as a failed call), and
@@ -27,6 +28,9 @@ from tritongate.logs import REQUEST_ID
 from tritongate.wire import REQUEST_ID_KEY
 
 MAX_ITEMS = 64  # requests per batch call at most
+# Inputs (texts, documents) per batch call at most: small requests are what merging saves CPU on, while a
+# large one is better sent alone, so that it runs beside the others (on other replicas) and not after them.
+MAX_INPUTS = 64
 _ALONE: Any = object()  # a waiting request's answer when it is to make its own unary call
 
 
@@ -47,16 +51,19 @@ class BatchCalls:
     batch: Callable[..., Awaitable[Any]]  # stub.EmbedBatch
     batch_request: Callable[..., Any]  # EmbedBatchRequest
     batch_item: Callable[..., Any]  # EmbedBatchItem
+    inputs: Callable[[Any], int]  # a request's inputs (texts, documents)
     call_failure: Callable[[grpc.aio.AioRpcError], OpenAIError]
     item_failure: Callable[[common_pb2.ItemError], OpenAIError]
 
 
 class Coalescer:
-    def __init__(self, calls: BatchCalls, timeout: float, slots: int, max_items: int = MAX_ITEMS) -> None:
+    def __init__(self, calls: BatchCalls, timeout: float, slots: int, max_items: int = MAX_ITEMS,
+                 max_inputs: int = MAX_INPUTS) -> None:
         self.calls = calls
         self.timeout = timeout  # each request's deadline
         self.slots = slots  # calls in flight per model
         self.max_items = max_items
+        self.max_inputs = max_inputs
         self._waiting: dict[str, deque[_Pending]] = defaultdict(deque)
         self._in_flight: dict[str, int] = defaultdict(int)
         self._running: dict[asyncio.Task[None], list[_Pending]] = {}
@@ -102,10 +109,16 @@ class Coalescer:
         waiting = self._waiting[model]
         while self._in_flight[model] < self.slots and waiting:
             batch: list[_Pending] = []
+            inputs = 0
             while waiting and len(batch) < self.max_items:
-                pending = waiting.popleft()
-                if not pending.result.done():
-                    batch.append(pending)
+                if waiting[0].result.done():
+                    waiting.popleft()
+                    continue
+                size = self.calls.inputs(waiting[0].request)
+                if batch and inputs + size > self.max_inputs:
+                    break
+                batch.append(waiting.popleft())
+                inputs += size
             if not batch:
                 break
             self._in_flight[model] += 1

@@ -57,6 +57,7 @@ class FakeService:
 
 def coalescer(service: FakeService, slots: int = 1) -> Coalescer:
     calls = BatchCalls(service.unary, service.batch, embed_pb2.EmbedBatchRequest, embed_pb2.EmbedBatchItem,
+                       lambda request: len(request.texts.texts),
                        lambda exc: OpenAIError(503, "down"), lambda error: from_item(error, "embed"))
     return Coalescer(calls, timeout=30.0, slots=slots)
 
@@ -152,3 +153,20 @@ async def test_a_caller_cancelled_as_its_turn_to_go_alone_comes_gives_the_slot_b
         await alone
     assert (await asyncio.wait_for(call(coalesce, "b", "id-b"), 1)).rows == 1  # the slot was given back
     assert service.unary_calls == [("b", "id-b")]
+
+
+async def test_a_large_request_goes_alone_so_that_it_runs_beside_the_others() -> None:
+    service = FakeService()
+    service.release.set()
+    service.release_batches.set()
+    coalesce = coalescer(service, slots=2)
+
+    async def large() -> embed_pb2.EmbedResponse:
+        response: embed_pb2.EmbedResponse = await coalesce.call(embed_pb2.EmbedRequest(
+            model="m", texts=embed_pb2.TextBatch(texts=["large"] * 64)))
+        return response
+
+    results = await asyncio.gather(large(), call(coalesce, "b", "id-b"))
+    assert service.batch_calls == []  # 64 + 1 inputs are over the batch limit: two calls
+    assert sorted(text for text, _ in service.unary_calls) == ["b", "large"]
+    assert [result.rows for result in results] == [5, 1]
