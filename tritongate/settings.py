@@ -78,8 +78,8 @@ class Settings(BaseSettings):
     # Seconds a client is told to wait (Retry-After) when a service refuses a request for overload.
     retry_after_s: int = Field(1, ge=0)
     uvicorn_log_level: str = "info"
-    # The edge's access log, one line per request (logger tritongate.access). Off, the edge spends less CPU
-    # per request (docs/benchmarks.md); the metrics count every request either way.
+    # The edge's access log, one line per request (logger tritongate.access); the metrics count every request
+    # either way.
     access_log: bool = True
     # Embed and rerank calls in flight per model from one edge process; requests that arrive while they are
     # travel together in the next (edge/coalesce.py). Two keep a service busy while a batch is on the wire.
