@@ -1,12 +1,13 @@
 """Session fixtures: a real Triton (demo + test model repositories), the real services and the real
 edge as separate processes on free loopback ports, started by the same code as `tritongate up`.
 
-Only fixtures live here; the helpers are in tests/support. Nothing here runs unless a test asks for
-it, so the unit tests start no Triton (see tests/README.md).
+Only fixtures (and a failed run's report on Triton) live here; the helpers are in tests/support.
+Nothing here runs unless a test asks for it, so the unit tests start no Triton (see tests/README.md).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -50,8 +51,14 @@ def events_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return new_events_file(tmp_path_factory.mktemp("events"))
 
 
+# What became of the session's Triton, for the summary of a failed run (see pytest_terminal_summary).
+TRITON_FATE = pytest.StashKey[dict[str, Any]]()
+SUMMARY_LOG_LINES = 40
+
+
 @pytest.fixture(scope="session")
-def triton(models_dir: Path, events_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonProcess]:
+def triton(models_dir: Path, events_file: Path, tmp_path_factory: pytest.TempPathFactory,
+           pytestconfig: pytest.Config) -> Iterator[TritonProcess]:
     process = start_triton(
         repositories=list(TEST_REPOSITORIES),
         models_dir=models_dir,
@@ -62,11 +69,34 @@ def triton(models_dir: Path, events_file: Path, tmp_path_factory: pytest.TempPat
         log_path=tmp_path_factory.mktemp("triton") / "tritonserver.log",
         extra_env={EVENTS_ENV: str(events_file)},
     )
+    fate: dict[str, Any] = {"log": process.log_path, "exit": None, "size": 0}
+    pytestconfig.stash[TRITON_FATE] = fate
     try:
         process.wait_ready(600)
         yield process
     finally:
+        fate["exit"] = process.process.poll()  # None: it was still running when the session ended
+        with contextlib.suppress(OSError):
+            fate["size"] = process.log_path.stat().st_size  # what it logged before it was stopped
         process.stop()
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """After a failed run, whether the session's Triton died, and the end of its log: one Triton gone or
+    wedged fails many tests at once, and a CI log may keep only this output."""
+    fate = config.stash.get(TRITON_FATE, None)
+    if fate is None or exitstatus == 0:
+        return
+    state = "still running" if fate["exit"] is None else f"had exited with code {fate['exit']}"
+    terminalreporter.write_sep("-", f"the session's Triton {state} at the end; its log until then "
+                                    f"({fate['log']}):")
+    try:
+        lines = fate["log"].read_bytes()[:fate["size"]].decode(errors="replace").splitlines()
+    except OSError as exc:
+        terminalreporter.write_line(f"(its log could not be read: {exc})")
+        return
+    for line in lines[-SUMMARY_LOG_LINES:]:
+        terminalreporter.write_line(line[:400])
 
 
 @pytest.fixture(scope="session")
