@@ -6,6 +6,11 @@ cost on this machine (the floor of any Python edge → service hop).
 On a machine where the load client, the edge, the service and Triton share the cores, every
 millisecond of CPU per request the gateway spends is taken from the model: this puts numbers on it.
 CPU times come from /proc (whole process, all threads) and time.thread_time (the client's own thread).
+
+The gateway is measured twice: in front of the demo embedding model ("gateway"), which on a CPU-only
+machine keeps Triton busy while the gateway's processes idle between requests, and in front of
+bench/triton_models/embed-echo ("gateway_cheap_model"), which costs Triton almost nothing, so that, as
+on a GPU server, the gateway's processes are what limits the rate.
 """
 
 from __future__ import annotations
@@ -27,7 +32,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import CpuMeter, bench_main, free_port, private_stack, process_cpu
 from tritongate.settings import default_models_dir
 
+BENCH_MODELS = Path(__file__).resolve().parent / "triton_models"
+
 MODEL = "all-minilm-l6-v2"
+CHEAP_MODEL = "embed-echo"  # MiniLM's tokenizer and tensors; vectors at a few microseconds a row
 CALLS = 3000
 
 BARE_HTTP = """
@@ -125,15 +133,15 @@ async def bare_grpc() -> dict[str, float]:
             await channel.close()
 
 
-async def gateway(seconds: float) -> list[dict[str, Any]]:
+async def gateway(seconds: float, model: str = MODEL) -> list[dict[str, Any]]:
     """CPU per request of the edge and the embed service under closed-loop load, by concurrency."""
-    entry = {"name": MODEL, "path": str(default_models_dir() / MODEL), "max_tokens": 256,
+    entry = {"name": model, "path": str(default_models_dir() / MODEL), "max_tokens": 256,
              "output_name": "sentence_embedding"}
     rows = []
-    with private_stack({"embedding": [entry]}, [MODEL]) as stack:
+    with private_stack({"embedding": [entry]}, [model], (BENCH_MODELS,)) as stack:
         async with aiohttp.ClientSession(stack.edge_url) as http:
             async def send(i: int) -> None:
-                body = {"model": MODEL, "input": [f"The river flooded the valley on day {i}."],
+                body = {"model": model, "input": [f"The river flooded the valley on day {i}."],
                         "encoding_format": "base64"}
                 async with http.post("/v1/embeddings", json=body) as response:
                     response.raise_for_status()
@@ -163,7 +171,8 @@ async def gateway(seconds: float) -> list[dict[str, Any]]:
 
 async def run(seconds: float) -> dict[str, Any]:
     return {"benchmark": "cpu_budget", "model": MODEL, "bare_fastapi_http": await bare_http(),
-            "bare_grpc_aio_unary": await bare_grpc(), "gateway": await gateway(seconds)}
+            "bare_grpc_aio_unary": await bare_grpc(), "gateway": await gateway(seconds),
+            "cheap_model": CHEAP_MODEL, "gateway_cheap_model": await gateway(seconds, CHEAP_MODEL)}
 
 
 if __name__ == "__main__":

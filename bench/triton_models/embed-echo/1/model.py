@@ -1,0 +1,28 @@
+import os
+import sys
+
+_site = os.environ.get("TRITONGATE_SITE_PACKAGES")
+if _site:  # the Python-backend stub runs the base interpreter; use the venv's packages first
+    sys.path.insert(0, _site)
+sys.dont_write_bytecode = True  # a __pycache__ folder in the model repository would be taken for a model
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+DIM = 384
+
+
+class TritonPythonModel:
+    """Each text's vector is its bag of token ids (id modulo 384), normalized: a few microseconds a row."""
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            ids = pb_utils.get_input_tensor_by_name(request, "input_ids").as_numpy()
+            mask = pb_utils.get_input_tensor_by_name(request, "attention_mask").as_numpy()
+            vectors = np.zeros((ids.shape[0], DIM), dtype=np.float32)
+            rows = np.repeat(np.arange(ids.shape[0]), ids.shape[1])
+            np.add.at(vectors, (rows, (ids % DIM).ravel()), mask.ravel().astype(np.float32))
+            vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("sentence_embedding", vectors)]))
+        return responses
