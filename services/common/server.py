@@ -51,6 +51,7 @@ class ServedModel:
         self.triton_name = entry.triton_name
         self.created = int(time.time())
         self.ready = False
+        self.why_not_ready: str | None = "not checked yet"
 
     def card(self) -> common_pb2.ModelCard:
         return common_pb2.ModelCard(id=self.name, kind=self.kind, created=self.created,
@@ -58,19 +59,21 @@ class ServedModel:
 
     async def refresh(self) -> bool:
         """Follow the Triton model's readiness; read its configuration each time it becomes ready."""
-        ready = await self.triton.model_ready(self.url, self.triton_name)
+        why_not = await self.triton.why_not_ready(self.url, self.triton_name)
+        ready = why_not is None
         if ready and not self.ready:
             self.on_ready(await self.triton.model_config(self.url, self.triton_name))
             log.info("model %s ready (Triton model %s at %s)", self.name, self.triton_name, self.url)
         elif self.ready and not ready:
-            log.warning("model %s is no longer ready in Triton at %s", self.name, self.url)
-        self.ready = ready
+            log.warning("model %s is no longer ready in Triton at %s: %s", self.name, self.url, why_not)
+        self.ready, self.why_not_ready = ready, why_not
         return ready
 
     async def ensure_ready(self) -> None:
         """Before serving a request: UNAVAILABLE unless the Triton model is (or has just become) ready."""
         if not self.ready and not await self.refresh():
-            raise ServiceError(grpc.StatusCode.UNAVAILABLE, f"model `{self.name}` is not ready in Triton at {self.url}")
+            raise ServiceError(grpc.StatusCode.UNAVAILABLE,
+                               f"model `{self.name}` is not ready in Triton at {self.url}: {self.why_not_ready}")
 
     def on_ready(self, triton_config: dict[str, Any]) -> None:
         """Read what the service needs from the Triton model configuration."""

@@ -104,16 +104,17 @@ class Triton:
             await client.close()
         self._clients.clear()
 
-    async def model_ready(self, url: str, model: str) -> bool:
-        """Triton's readiness of the model; False once after an inference found it unavailable (Triton
-        may report a model ready while its crashed instance is being restarted)."""
+    async def why_not_ready(self, url: str, model: str) -> str | None:
+        """None when Triton has the model ready, else why not. Not ready once after an inference found it
+        unavailable (Triton may report a model ready while its crashed instance is being restarted)."""
         if (url, model) in self._failed_models:
             self._failed_models.discard((url, model))
-            return False
+            return "an inference found it unavailable"
         try:
-            return bool(await self.client(url).is_model_ready(model, client_timeout=2.0))
-        except InferenceServerException:
-            return False
+            ready = await self.client(url).is_model_ready(model, client_timeout=2.0)
+        except InferenceServerException as exc:  # the status only: no addresses or stack in a client's error
+            return f"Triton did not answer ({exc.status() or 'no status'})"
+        return None if ready else "Triton reports it not ready"
 
     async def model_config(self, url: str, model: str) -> dict[str, Any]:
         try:

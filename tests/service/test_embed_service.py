@@ -111,6 +111,8 @@ async def test_without_triton_the_service_is_not_serving_and_says_unavailable(
                 await embed_pb2_grpc.EmbedServiceStub(channel).Embed(
                     embed_pb2.EmbedRequest(model="all-minilm-l6-v2", texts=embed_pb2.TextBatch(texts=["a"])))
         assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        # Why, in a word a client may see: Triton unreachable (not "reports it not ready"), without its address.
+        assert (info.value.details() or "").endswith("Triton did not answer (StatusCode.UNAVAILABLE)")
     finally:
         await server.stop(1)
 

@@ -48,8 +48,8 @@ class FakeTriton:
     requests: list[Request] = field(default_factory=list)
     closed: int = 0
 
-    async def model_ready(self, url: str, model: str) -> bool:
-        return self.ready
+    async def why_not_ready(self, url: str, model: str) -> str | None:
+        return None if self.ready else "Triton reports it not ready"
 
     async def model_config(self, url: str, model: str) -> dict[str, Any]:
         return self.config

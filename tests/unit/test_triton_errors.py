@@ -38,8 +38,9 @@ async def test_a_model_found_unavailable_is_not_ready_until_checked_again() -> N
     triton = Triton()
     triton._failed(InferenceServerException(STUB_DOWN, "StatusCode.INTERNAL"), "127.0.0.1:1", "m")
     assert triton._unreachable.is_set()  # the readiness watcher wakes at once
-    assert await triton.model_ready("127.0.0.1:1", "m") is False
-    assert ("127.0.0.1:1", "m") not in triton._failed_models  # the next check asks Triton again
+    assert await triton.why_not_ready("127.0.0.1:1", "m") == "an inference found it unavailable"
+    assert ("127.0.0.1:1", "m") not in triton._failed_models  # the next check asks Triton again (none there)
+    assert await triton.why_not_ready("127.0.0.1:1", "m") == "Triton did not answer (StatusCode.UNAVAILABLE)"
     triton._failed(InferenceServerException("bad input", "StatusCode.INTERNAL"), "127.0.0.1:1", "m")
     assert ("127.0.0.1:1", "m") not in triton._failed_models  # a failed request is not a failed model
     await triton.close()
