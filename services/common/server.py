@@ -21,7 +21,7 @@ from services.common.admission import Admission, AdmissionInterceptor
 from services.common.errors import ServiceError, invalid_argument, model_not_found, rpc
 from services.common.metrics import MetricsInterceptor, handled_by_code, in_flight
 from services.common.tokenize import TokenizerServicer
-from services.common.triton import Triton
+from services.common.triton import ReadinessUnknown, Triton
 from tritongate.common.v1 import common_pb2, tokenizer_pb2, tokenizer_pb2_grpc
 from tritongate.config import TritonModelEntry
 from tritongate.registry import ModelKind, ServiceInfo
@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 # Health service name that is SERVING while the process runs, whatever Triton does (liveness probes);
 # "" and the service's own name follow Triton's readiness (readiness probes, load balancers).
 LIVENESS = "liveness"
+UNANSWERED_CHECKS = 3  # readiness checks in a row without an answer that make a ready model not ready
 
 
 class ServedModel:
@@ -52,6 +53,7 @@ class ServedModel:
         self.created = int(time.time())
         self.ready = False
         self.why_not_ready: str | None = "not checked yet"
+        self.unanswered = 0  # readiness checks in a row that Triton did not answer in time
 
     def card(self) -> common_pb2.ModelCard:
         return common_pb2.ModelCard(id=self.name, kind=self.kind, created=self.created,
@@ -59,7 +61,18 @@ class ServedModel:
 
     async def refresh(self) -> bool:
         """Follow the Triton model's readiness; read its configuration each time it becomes ready."""
-        why_not = await self.triton.why_not_ready(self.url, self.triton_name)
+        try:
+            why_not = await self.triton.why_not_ready(self.url, self.triton_name)
+            self.unanswered = 0
+        except ReadinessUnknown as exc:
+            # A busy Triton answers late: that alone does not take the model out of service, unless it
+            # goes on (a stuck Triton), as a probe's failure threshold would.
+            self.unanswered += 1
+            if self.ready and self.unanswered < UNANSWERED_CHECKS:
+                log.warning("model %s: Triton gave its readiness check %s (%d in a row); the model stays ready",
+                            self.name, exc, self.unanswered)
+                return True
+            why_not = f"Triton gave its readiness check {exc} ({self.unanswered} in a row)"
         ready = why_not is None
         if ready and not self.ready:
             self.on_ready(await self.triton.model_config(self.url, self.triton_name))

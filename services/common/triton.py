@@ -49,6 +49,13 @@ _BY_STATUS = {
 _INSTANCE_DOWN = ("is not healthy", "stub process", "not ready", "unknown model", "is not found")
 
 
+READINESS_TIMEOUT_S = 2.0
+
+
+class ReadinessUnknown(Exception):
+    """A readiness check that Triton did not answer in time: Triton may be busy or stuck."""
+
+
 def triton_error(exc: InferenceServerException, model: str) -> ServiceError:
     """Map a Triton failure to what the caller should see: by tritonclient's status code first; the
     message decides only where the status cannot (INTERNAL, or none)."""
@@ -105,14 +112,18 @@ class Triton:
         self._clients.clear()
 
     async def why_not_ready(self, url: str, model: str) -> str | None:
-        """None when Triton has the model ready, else why not. Not ready once after an inference found it
-        unavailable (Triton may report a model ready while its crashed instance is being restarted)."""
+        """None when Triton has the model ready, else why not; ReadinessUnknown when Triton does not answer
+        in time. Not ready once after an inference found the model unavailable (Triton may report a model
+        ready while its crashed instance is being restarted)."""
         if (url, model) in self._failed_models:
             self._failed_models.discard((url, model))
             return "an inference found it unavailable"
         try:
-            ready = await self.client(url).is_model_ready(model, client_timeout=2.0)
-        except InferenceServerException as exc:  # the status only: no addresses or stack in a client's error
+            ready = await self.client(url).is_model_ready(model, client_timeout=READINESS_TIMEOUT_S)
+        except InferenceServerException as exc:
+            if exc.status() == str(grpc.StatusCode.DEADLINE_EXCEEDED):
+                raise ReadinessUnknown(f"no answer within {READINESS_TIMEOUT_S:.0f} s") from None
+            # The status only: no addresses or stack in a client's error.
             return f"Triton did not answer ({exc.status() or 'no status'})"
         return None if ready else "Triton reports it not ready"
 

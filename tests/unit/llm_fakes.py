@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from services.common.triton import ReadinessUnknown
+
 Response = dict[str, np.ndarray]
 
 
@@ -44,11 +46,13 @@ class Request:
 class FakeTriton:
     config: dict[str, Any] = field(default_factory=dict)
     responses: list[Response] | Callable[[Mapping[str, np.ndarray]], list[Response]] = field(default_factory=list)
-    ready: bool = True
+    ready: bool | None = True  # None: the readiness check gets no answer in time
     requests: list[Request] = field(default_factory=list)
     closed: int = 0
 
     async def why_not_ready(self, url: str, model: str) -> str | None:
+        if self.ready is None:
+            raise ReadinessUnknown("no answer within 2 s")
         return None if self.ready else "Triton reports it not ready"
 
     async def model_config(self, url: str, model: str) -> dict[str, Any]:

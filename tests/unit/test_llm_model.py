@@ -149,6 +149,24 @@ async def test_a_model_no_adapter_drives_is_not_ready_and_says_why(models_dir: P
     assert await llm.refresh() and llm.backend.name == "vllm" and llm.refusal is None
 
 
+async def test_a_ready_model_outlasts_two_unanswered_readiness_checks_not_three(models_dir: Path) -> None:
+    """A busy Triton answers late; only a Triton that stays silent takes the model out of service."""
+    triton = FakeTriton(VLLM)
+    llm = model(models_dir, triton)
+    assert await llm.refresh()
+    triton.ready = None
+    assert await llm.refresh() and await llm.refresh()
+    assert not await llm.refresh()
+    with pytest.raises(ServiceError) as info:
+        await llm.ensure_ready()
+    assert info.value.code == grpc.StatusCode.UNAVAILABLE
+    assert info.value.message.endswith("Triton gave its readiness check no answer within 2 s (4 in a row)")
+    triton.ready = True
+    assert await llm.refresh() and llm.unanswered == 0
+    triton.ready = None  # the count starts again after an answer
+    assert await llm.refresh()
+
+
 async def test_model_infos_bad_words_refuse_a_vllm_model(models_dir: Path) -> None:
     llm = model(models_dir, FakeTriton(VLLM), ModelInfo(name="m", bad_words=[[5]]))
     assert not await llm.refresh() and "bad_words" in (llm.refusal or "")

@@ -7,7 +7,7 @@ import grpc
 import pytest
 from tritonclient.utils import InferenceServerException
 
-from services.common.triton import Triton, triton_error
+from services.common.triton import ReadinessUnknown, Triton, triton_error
 
 STUB_DOWN = "Failed to process the request(s) for model instance 'm_0_0', message: Stub process 'm_0_0' is not healthy."
 
@@ -44,3 +44,14 @@ async def test_a_model_found_unavailable_is_not_ready_until_checked_again() -> N
     triton._failed(InferenceServerException("bad input", "StatusCode.INTERNAL"), "127.0.0.1:1", "m")
     assert ("127.0.0.1:1", "m") not in triton._failed_models  # a failed request is not a failed model
     await triton.close()
+
+
+async def test_a_readiness_check_without_an_answer_in_time_is_unknown_not_unready() -> None:
+    class SlowClient:
+        async def is_model_ready(self, model: str, client_timeout: float) -> bool:
+            raise InferenceServerException("Deadline Exceeded", "StatusCode.DEADLINE_EXCEEDED")
+
+    triton = Triton()
+    triton._clients["127.0.0.1:1"] = SlowClient()  # type: ignore[assignment]
+    with pytest.raises(ReadinessUnknown):
+        await triton.why_not_ready("127.0.0.1:1", "m")
