@@ -109,8 +109,9 @@ def _request_id(scope: Scope) -> str:
 class HttpMetrics:
     """Outermost ASGI middleware, so that every answer counts, 401s, 413s and 404s included."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, access_log_on: bool = True) -> None:
         self.app = app
+        self.access_log_on = access_log_on
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -136,11 +137,11 @@ class HttpMetrics:
             await self.app(scope, receive, send_and_record)
         finally:
             IN_PROGRESS.labels(method).dec()
-            _finish(scope, exchange, status)
+            _finish(scope, exchange, status, self.access_log_on)
 
 
-def _finish(scope: Scope, exchange: Exchange, status: int) -> None:
-    """Count the request and write its access-log line."""
+def _finish(scope: Scope, exchange: Exchange, status: int, access_log_on: bool) -> None:
+    """Count the request and write its access-log line (when the log is on)."""
     method, model = scope["method"], exchange.model
     route = getattr(scope.get("route"), "path", UNMATCHED)  # the router sets the matched route
     seconds = time.perf_counter() - exchange.start
@@ -151,7 +152,7 @@ def _finish(scope: Scope, exchange: Exchange, status: int) -> None:
     if exchange.completion_tokens:
         TOKENS.labels(model, "completion").inc(exchange.completion_tokens)
     level = logging.DEBUG if route in QUIET_ROUTES else logging.INFO
-    if not access_log.isEnabledFor(level):
+    if not access_log_on or not access_log.isEnabledFor(level):
         return
     client = scope.get("client")
     fields = {"method": method, "path": scope["path"], "route": route, "status": status, "model": model,
@@ -188,7 +189,6 @@ async def metrics(request: Request) -> Response:
 def install_metrics(app: FastAPI, access_log_on: bool = True) -> None:
     """Count and log every request (unless the access log is off) and serve GET /metrics; call after the
     app's other middleware."""
-    access_log.disabled = not access_log_on
     # An API route (not a bare Starlette one), so that its requests are labelled and logged as /metrics.
     app.add_api_route("/metrics", metrics, methods=["GET"], include_in_schema=False)
-    app.add_middleware(HttpMetrics)
+    app.add_middleware(HttpMetrics, access_log_on=access_log_on)
