@@ -203,10 +203,16 @@ class Completion:
 
 T = TypeVar("T")
 
+# Turns of the event loop a batch stays open after its first item. On an idle service a turn takes
+# microseconds; on a busy one it is long, and what the streams produce meanwhile goes in the same message
+# (at 64 echo streams on 2 cores, about 0.6 messages per token instead of 1.03).
+JOIN_TURNS = 4
+
 
 async def merge(streams: Sequence[AsyncGenerator[T, None]]) -> AsyncIterator[list[T]]:
-    """Items of concurrent streams, in batches: everything that arrived while the consumer was busy
-    comes together (at once when it is idle). The first failure cancels the rest."""
+    """Items of concurrent streams, in batches: everything that arrived while the consumer was busy, or
+    within `JOIN_TURNS` turns of the loop after the batch's first item, comes together. The first failure
+    cancels the rest."""
     queue: asyncio.Queue[tuple[T] | BaseException | None] = asyncio.Queue()  # (item,) | failure | end
 
     async def pump(stream: AsyncGenerator[T, None]) -> None:
@@ -223,11 +229,14 @@ async def merge(streams: Sequence[AsyncGenerator[T, None]]) -> AsyncIterator[lis
     try:
         running = len(tasks)
         while running:
-            batch = []
+            batch, failure = [], None
             message = await queue.get()
+            for _ in range(JOIN_TURNS):
+                await asyncio.sleep(0)
             while True:
                 if isinstance(message, BaseException):
-                    raise message
+                    failure = message
+                    break
                 if message is None:
                     running -= 1
                 else:
@@ -236,7 +245,9 @@ async def merge(streams: Sequence[AsyncGenerator[T, None]]) -> AsyncIterator[lis
                     break
                 message = queue.get_nowait()
             if batch:
-                yield batch
+                yield batch  # what came before a failure still goes out
+            if failure is not None:
+                raise failure
     finally:
         for task in tasks:
             task.cancel()

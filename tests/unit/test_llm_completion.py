@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from services.llm.completion import Completion, coalesce, merge
+from services.llm.completion import JOIN_TURNS, Completion, coalesce, merge
 from services.llm.detokenizer import TokenDecoding
 from tritongate.llm.v1 import llm_pb2
 
@@ -117,12 +117,35 @@ async def test_merge_batches_what_arrived_while_the_reader_was_busy() -> None:
     assert batches[0] == [0] and len(batches) < 6
 
 
+async def test_merge_joins_what_arrives_within_a_few_turns_of_the_loop_and_no_later() -> None:
+    async def after_turns(value: str, turns: int) -> AsyncGenerator[str, None]:
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        yield value
+
+    async def later(value: str) -> AsyncGenerator[str, None]:
+        await asyncio.sleep(0.05)
+        yield value
+
+    assert JOIN_TURNS > 3
+    batches = [batch async for batch in merge([after_turns("a", 0), after_turns("b", 3), later("c")])]
+    assert batches == [["a", "b"], ["c"]]
+
+
 def test_coalesce_joins_increments_per_completion() -> None:
     entry = llm_pb2.TokenLogprob(token="a", logprob=-1)
     deltas = [llm_pb2.Delta(index=0, text="a", logprobs=[entry]), llm_pb2.Delta(index=1, text="x"),
               llm_pb2.Delta(index=0, text="b", logprobs=[entry]), llm_pb2.Delta(index=0, finish_reason="stop")]
     assert coalesce(deltas) == [llm_pb2.Delta(index=0, text="ab", logprobs=[entry, entry], finish_reason="stop"),
                                 llm_pb2.Delta(index=1, text="x")]
+
+
+async def test_merge_passes_on_what_arrived_with_a_failure_before_raising_it() -> None:
+    received = []
+    with pytest.raises(RuntimeError, match="boom"):
+        async for batch in merge([_items([1, 2, 3], 0, fail=True)]):  # items and failure in one batch
+            received.extend(batch)
+    assert received == [1, 2, 3]
 
 
 async def test_merge_fails_when_one_stream_fails_and_closes_the_others() -> None:
