@@ -2,29 +2,33 @@
 when nothing was sent for a while, an `error` event when something fails after the headers went out
 (the status can no longer change), and `data: [DONE]` at the end, error or not.
 
-A client that disconnects cancels the event generator (sse-starlette watches for `http.disconnect`),
-and with it the gRPC call it is reading, which cancels the Triton request.
+A client that disconnects cancels the event generator, and with it the gRPC call it is reading, which
+cancels the Triton request. On shutdown, streams in flight finish while uvicorn drains (up to its
+graceful-shutdown timeout), like every other request.
+
+`EventStream` is written here rather than taken from sse-starlette: the per-event path is the edge's
+per-token path, and sse-starlette pays an anyio cancel scope and a task group's bookkeeping on every
+event. Here an event is one `send`, and the events an iterator step yields go out together.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+import asyncio
+import contextlib
+from collections.abc import AsyncGenerator, Callable
 
 import orjson
-from sse_starlette import EventSourceResponse, ServerSentEvent
-from sse_starlette.sse import AppStatus
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
 
 from edge.errors import OpenAIError, as_openai_error
 
-# On SIGTERM, sse-starlette would cut every stream at once; instead streams in flight finish while
-# uvicorn drains (up to its graceful-shutdown timeout), like every other request.
-AppStatus.disable_automatic_graceful_drain()
-
 DONE = b"data: [DONE]\n\n"
+KEEPALIVE = b": keep-alive\n\n"
+_HEADERS = {"Cache-Control": "no-cache", "Connection": "keep-alive", "X-Accel-Buffering": "no"}  # no proxy buffering
 
 
-def data_event(payload: Any) -> bytes:
+def data_event(payload: object) -> bytes:
     return b"data: " + orjson.dumps(payload) + b"\n\n"
 
 
@@ -33,22 +37,67 @@ def error_event(error: OpenAIError) -> bytes:
     return b"event: error\ndata: " + orjson.dumps(error.body()) + b"\n\n"
 
 
-def _keepalive() -> ServerSentEvent:
-    return ServerSentEvent(comment="keep-alive", sep="\n")
+class EventStream(Response):
+    """Streams `events` (already encoded), then `[DONE]`."""
+
+    def __init__(self, events: AsyncGenerator[bytes, None], keepalive_s: float,
+                 to_error: Callable[[Exception], OpenAIError]) -> None:
+        self.status_code, self.media_type, self.background = 200, "text/event-stream", None
+        self.init_headers(_HEADERS)  # as StreamingResponse: no Content-Length
+        self.events = events
+        self.keepalive_s = keepalive_s
+        self.to_error = to_error
+        self.sent = 0  # writes so far: the keep-alive timer's sign of life
+        self.ended = False
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+        task = asyncio.current_task()
+        assert task is not None
+        streaming = True
+
+        def disconnected(watcher: asyncio.Future[None]) -> None:
+            if streaming and not watcher.cancelled():
+                task.cancel()
+
+        watchers = [asyncio.ensure_future(_disconnected(receive)), asyncio.ensure_future(self._keepalive(send))]
+        watchers[0].add_done_callback(disconnected)
+        try:
+            last = DONE
+            try:
+                async with contextlib.aclosing(self.events) as events:
+                    async for event in events:
+                        await send({"type": "http.response.body", "body": event, "more_body": True})
+                        self.sent += 1
+            except Exception as exc:  # cancellation (the client gone) is not an Exception and propagates
+                last = error_event(self.to_error(exc)) + DONE
+            self.ended = True
+            await send({"type": "http.response.body", "body": last, "more_body": False})
+        except asyncio.CancelledError:
+            if not watchers[0].done() or watchers[0].cancelled():
+                raise  # not the client's disconnect: e.g. the server shutting down
+            task.uncancel()  # the client is gone: nobody to answer
+        finally:
+            streaming = False
+            for watcher in watchers:
+                watcher.cancel()
+
+    async def _keepalive(self, send: Send) -> None:
+        seen = self.sent
+        while True:
+            await asyncio.sleep(self.keepalive_s)
+            if self.sent == seen and not self.ended:
+                await send({"type": "http.response.body", "body": KEEPALIVE, "more_body": True})
+            seen = self.sent
 
 
-async def _terminated(events: AsyncIterator[bytes], to_error: Callable[[Exception], OpenAIError]
-                      ) -> AsyncIterator[bytes]:
-    try:
-        async for event in events:
-            yield event
-    except Exception as exc:  # cancellation (client gone) is not an Exception and propagates
-        yield error_event(to_error(exc))
-    yield DONE
+async def _disconnected(receive: Receive) -> None:
+    # The request's body has been read: the next message is the disconnect.
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
-def sse_response(events: AsyncIterator[bytes], keepalive_s: float,
-                 to_error: Callable[[Exception], OpenAIError] = as_openai_error) -> EventSourceResponse:
+def sse_response(events: AsyncGenerator[bytes, None], keepalive_s: float,
+                 to_error: Callable[[Exception], OpenAIError] = as_openai_error) -> EventStream:
     """Stream `events` (already encoded), then `[DONE]`; a failure becomes an error event first."""
-    return EventSourceResponse(_terminated(events, to_error), ping=keepalive_s, sep="\n",
-                               ping_message_factory=_keepalive, headers={"Cache-Control": "no-cache"})
+    return EventStream(events, keepalive_s, to_error)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncGenerator, Callable, Iterable
 from typing import Any, Protocol
 
 import orjson
@@ -94,7 +94,7 @@ async def generate(request: Request, client: LlmClient, proto: llm_pb2.GenerateR
 
 async def run(request: Request, client: LlmClient, proto: llm_pb2.GenerateRequest, collector: Collector, *,
               stream: bool, keepalive_s: float, framing: Callable[[dict[str, Any]], Framing],
-              respond: Callable[[AsyncIterator[bytes], float], Response] = sse_response) -> Response:
+              respond: Callable[[AsyncGenerator[bytes, None], float], Response] = sse_response) -> Response:
     """Any generation endpoint: `framing` writes its stream (as Server-Sent Events, unless `respond`
     writes it otherwise), `collector` its whole response."""
     head = {"id": f"{collector.prefix}-{uuid.uuid4().hex}", "object": collector.object,
@@ -114,19 +114,19 @@ async def run(request: Request, client: LlmClient, proto: llm_pb2.GenerateReques
     return Response(orjson.dumps(body), media_type="application/json")
 
 
-async def _events(generation: Generation, accepted: llm_pb2.Accepted, framing: Framing) -> AsyncIterator[bytes]:
+async def _events(generation: Generation, accepted: llm_pb2.Accepted, framing: Framing) -> AsyncGenerator[bytes, None]:
+    """The stream's events, those of one service message together (one write to the client)."""
     try:
-        for event in framing.start(accepted):
-            yield event
+        if opening := b"".join(framing.start(accepted)):
+            yield opening
         async for delta in generation.deltas():
-            if delta.text or delta.logprobs or delta.tool_calls:
-                for event in framing.delta(delta):
-                    yield event
+            events = [*framing.delta(delta)] if delta.text or delta.logprobs or delta.tool_calls else []
             if delta.finish_reason:
-                for event in framing.end(delta.index, delta.finish_reason):
-                    yield event
-        for event in framing.finish(generation.usage):
-            yield event
+                events.extend(framing.end(delta.index, delta.finish_reason))
+            if events:
+                yield b"".join(events)
+        if closing := b"".join(framing.finish(generation.usage)):
+            yield closing
     finally:
         generation.cancel()
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from edge.errors import OpenAIError
@@ -16,7 +16,7 @@ from tritongate.llm.v1 import llm_pb2
 SCOPE = {"type": "http", "method": "POST", "path": "/", "headers": [], "asgi": {"spec_version": "2.4"}}
 
 
-async def serve(events: AsyncIterator[bytes], keepalive_s: float = 10.0, disconnect_after: float | None = None
+async def serve(events: AsyncGenerator[bytes, None], keepalive_s: float = 10.0, disconnect_after: float | None = None
                 ) -> tuple[int, bytes]:
     messages: list[dict[str, Any]] = []
 
@@ -35,7 +35,7 @@ async def serve(events: AsyncIterator[bytes], keepalive_s: float = 10.0, disconn
 
 
 async def test_keep_alive_comments_fill_long_silences() -> None:
-    async def slow() -> AsyncIterator[bytes]:
+    async def slow() -> AsyncGenerator[bytes, None]:
         await asyncio.sleep(0.35)
         yield data_event({"n": 1})
 
@@ -46,7 +46,7 @@ async def test_keep_alive_comments_fill_long_silences() -> None:
 
 
 async def test_an_error_after_the_headers_is_an_error_event_then_done() -> None:
-    async def failing() -> AsyncIterator[bytes]:
+    async def failing() -> AsyncGenerator[bytes, None]:
         yield data_event({"n": 1})
         raise OpenAIError(503, "The llm service is unavailable; try again shortly.", code="service_unavailable")
 
@@ -61,7 +61,7 @@ async def test_an_error_after_the_headers_is_an_error_event_then_done() -> None:
 
 
 async def test_an_unexpected_failure_says_nothing_about_its_insides() -> None:
-    async def broken() -> AsyncIterator[bytes]:
+    async def broken() -> AsyncGenerator[bytes, None]:
         raise KeyError("secret internals")
         yield b""  # pragma: no cover
 
@@ -73,7 +73,7 @@ async def test_an_unexpected_failure_says_nothing_about_its_insides() -> None:
 async def test_a_disconnect_cancels_the_event_generator() -> None:
     cancelled = asyncio.Event()
 
-    async def endless() -> AsyncIterator[bytes]:
+    async def endless() -> AsyncGenerator[bytes, None]:
         try:
             yield data_event({"n": 1})
             await asyncio.Event().wait()
