@@ -86,16 +86,16 @@ def current() -> Exchange:
 class TokenTimer:
     """Time to first delta (from the request's arrival) and between deltas, of one generation."""
 
-    __slots__ = ("first", "last", "model")
+    __slots__ = ("first", "inter_token", "last", "ttft")
 
     def __init__(self, model: str) -> None:
-        self.model = model
+        self.ttft, self.inter_token = TTFT.labels(model), INTER_TOKEN.labels(model)  # looked up once, not per delta
         self.last = current().start
         self.first = True
 
     def tick(self) -> None:
         now = time.perf_counter()
-        (TTFT if self.first else INTER_TOKEN).labels(self.model).observe(now - self.last)
+        (self.ttft if self.first else self.inter_token).observe(now - self.last)
         self.first, self.last = False, now
 
 

@@ -13,7 +13,12 @@ import grpc
 import numpy as np
 from tritonclient.grpc import InferInput, InferRequestedOutput, InferResult
 from tritonclient.grpc.aio import InferenceServerClient
-from tritonclient.utils import InferenceServerException, np_to_triton_dtype
+from tritonclient.utils import (
+    InferenceServerException,
+    deserialize_bytes_tensor,
+    np_to_triton_dtype,
+    triton_to_np_dtype,
+)
 
 from services.common.errors import ServiceError
 from services.common.metrics import triton_call
@@ -74,6 +79,21 @@ def make_input(name: str, array: np.ndarray) -> InferInput:
     tensor = InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
     tensor.set_data_from_numpy(array)
     return tensor
+
+
+def outputs_of(result: InferResult, names: list[str]) -> dict[str, np.ndarray]:
+    """The named outputs that `result` has, as numpy arrays over its bytes. One pass over the response
+    (`as_numpy` searches it once per name): on a stream this runs for every token."""
+    response = result.get_response()
+    if len(response.raw_output_contents) != len(response.outputs):  # not in Triton's raw form
+        return {name: result.as_numpy(name) for name in names if result.get_output(name)}
+    arrays = {}
+    for output, raw in zip(response.outputs, response.raw_output_contents, strict=True):
+        if output.name in names:
+            array = deserialize_bytes_tensor(raw) if output.datatype == "BYTES" else \
+                np.frombuffer(raw, dtype=triton_to_np_dtype(output.datatype))
+            arrays[output.name] = array.reshape(output.shape)
+    return arrays
 
 
 class Triton:
@@ -185,7 +205,7 @@ class Triton:
                 async for result, error in call:
                     if error is not None:
                         raise self._failed(error, url, model)
-                    yield {name: result.as_numpy(name) for name in outputs if result.get_output(name)}
+                    yield outputs_of(result, outputs)
             except InferenceServerException as exc:
                 raise self._failed(exc, url, model) from None
             except grpc.aio.AioRpcError as exc:  # the stream's own failure (e.g. Triton unreachable) comes raw
