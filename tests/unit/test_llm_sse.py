@@ -16,9 +16,10 @@ from tritongate.llm.v1 import llm_pb2
 SCOPE = {"type": "http", "method": "POST", "path": "/", "headers": [], "asgi": {"spec_version": "2.4"}}
 
 
-async def serve(events: AsyncGenerator[bytes, None], keepalive_s: float = 10.0, disconnect_after: float | None = None
-                ) -> tuple[int, bytes]:
-    messages: list[dict[str, Any]] = []
+async def serve(events: AsyncGenerator[bytes, None], keepalive_s: float = 10.0, disconnect_after: float | None = None,
+                messages: list[dict[str, Any]] | None = None) -> tuple[int, bytes]:
+    """The status and the body written; every ASGI message sent lands in `messages`."""
+    messages = [] if messages is None else messages
 
     async def receive() -> dict[str, Any]:
         if disconnect_after is None:
@@ -32,6 +33,20 @@ async def serve(events: AsyncGenerator[bytes, None], keepalive_s: float = 10.0, 
     await asyncio.wait_for(sse_response(events, keepalive_s)(SCOPE, receive, send), 5)
     status = next(m["status"] for m in messages if m["type"] == "http.response.start")
     return status, b"".join(m.get("body", b"") for m in messages if m["type"] == "http.response.body")
+
+
+async def test_the_stream_is_event_stream_that_no_cache_or_proxy_holds_back() -> None:
+    async def one() -> AsyncGenerator[bytes, None]:
+        yield data_event({"n": 1})
+
+    messages: list[dict[str, Any]] = []
+    status, body = await serve(one(), messages=messages)
+    headers = dict(messages[0]["headers"])
+    assert status == 200 and body == data_event({"n": 1}) + DONE
+    assert headers[b"content-type"] == b"text/event-stream; charset=utf-8"
+    assert headers[b"cache-control"] == b"no-cache" and headers[b"x-accel-buffering"] == b"no"
+    assert b"content-length" not in headers
+    assert messages[-1] == {"type": "http.response.body", "body": DONE, "more_body": False}
 
 
 async def test_keep_alive_comments_fill_long_silences() -> None:
