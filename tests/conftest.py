@@ -18,6 +18,7 @@ from launcher.stack import LocalStack
 from tests.support.events import EVENTS_ENV, new_events_file
 from tests.support.ports import free_port
 from tests.support.stack import DEMO_LLM, TEST_REPOSITORIES, metrics_ports, stack_settings, write_model_config
+from tests.support.stubs import dead, python_stubs
 from tritongate.settings import default_cache_dir, default_models_dir
 from tritongate.triton_local import TritonProcess, start_triton
 
@@ -69,25 +70,31 @@ def triton(models_dir: Path, events_file: Path, tmp_path_factory: pytest.TempPat
         log_path=tmp_path_factory.mktemp("triton") / "tritonserver.log",
         extra_env={EVENTS_ENV: str(events_file)},
     )
-    fate: dict[str, Any] = {"log": process.log_path, "exit": None, "size": 0}
+    fate: dict[str, Any] = {"log": process.log_path, "exit": None, "size": 0, "stubs": {}, "dead_stubs": []}
     pytestconfig.stash[TRITON_FATE] = fate
     try:
         process.wait_ready(600)
+        fate["stubs"] = python_stubs(process.process.pid)
         yield process
     finally:
         fate["exit"] = process.process.poll()  # None: it was still running when the session ended
+        fate["dead_stubs"] = dead(fate["stubs"])
         with contextlib.suppress(OSError):
             fate["size"] = process.log_path.stat().st_size  # what it logged before it was stopped
         process.stop()
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
-    """After a failed run, whether the session's Triton died, and the end of its log: one Triton gone or
-    wedged fails many tests at once, and a CI log may keep only this output."""
+    """After a failed run, whether the session's Triton died or any of its Python-backend stubs did, and
+    the end of its log: one Triton (or stub) gone or wedged fails many tests at once, and a CI log may keep
+    only this output."""
     fate = config.stash.get(TRITON_FATE, None)
     if fate is None or exitstatus == 0:
         return
     state = "still running" if fate["exit"] is None else f"had exited with code {fate['exit']}"
+    if fate["dead_stubs"]:  # each of those models failed every request from then on
+        terminalreporter.write_sep("-", "Python-backend stub processes that died during the session (of "
+                                        f"{len(fate['stubs'])}): {', '.join(fate['dead_stubs'])}")
     terminalreporter.write_sep("-", f"the session's Triton {state} at the end; its log until then "
                                     f"({fate['log']}):")
     try:
