@@ -8,7 +8,8 @@ graceful-shutdown timeout), like every other request.
 
 `EventStream` is written here rather than taken from sse-starlette: the per-event path is the edge's
 per-token path, and sse-starlette pays an anyio cancel scope and a task group's bookkeeping on every
-event. Here an event is one `send`, and the events an iterator step yields go out together.
+event. Here each item of the iterator is one `send` (edge/streaming.py joins the events of one service
+message into one item).
 """
 
 from __future__ import annotations

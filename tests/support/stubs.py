@@ -12,7 +12,9 @@ _STUB = "triton_python_backend_stub"
 
 def python_stubs(triton_pid: int) -> dict[int, str]:
     """{pid: model} of the stubs that `triton_pid` started (the model is its `model.py`'s folder's)."""
-    stubs = {}
+    stubs: dict[int, str] = {}
+    if not Path("/proc").is_dir():  # not Linux: nothing to say
+        return stubs
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
