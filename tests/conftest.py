@@ -1,7 +1,8 @@
 """Session fixtures: a real Triton (demo + test model repositories), the real services and the real
 edge as separate processes on free loopback ports, started by the same code as `tritongate up`.
 
-Only fixtures (and a failed run's report on Triton) live here; the helpers are in tests/support.
+Only fixtures and the hooks that watch the session's Triton (its restart when a Python-backend stub has
+died, the run's report on it) live here; the helpers are in tests/support.
 Nothing here runs unless a test asks for it, so the unit tests start no Triton (see tests/README.md).
 """
 
