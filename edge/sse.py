@@ -22,6 +22,7 @@ import orjson
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from edge.cancel import cancelled_on_disconnect
 from edge.errors import OpenAIError, as_openai_error
 
 DONE = b"data: [DONE]\n\n"
@@ -53,35 +54,25 @@ class EventStream(Response):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
-        task = asyncio.current_task()
-        assert task is not None
-        streaming = True
-
-        def disconnected(watcher: asyncio.Future[None]) -> None:
-            if streaming and not watcher.cancelled():
-                task.cancel()
-
-        watchers = [asyncio.ensure_future(_disconnected(receive)), asyncio.ensure_future(self._keepalive(send))]
-        watchers[0].add_done_callback(disconnected)
-        try:
-            last = DONE
+        with cancelled_on_disconnect(receive) as disconnected:
+            keepalive = asyncio.ensure_future(self._keepalive(send))
             try:
-                async with contextlib.aclosing(self.events) as events:
-                    async for event in events:
-                        await send({"type": "http.response.body", "body": event, "more_body": True})
-                        self.sent += 1
-            except Exception as exc:  # cancellation (the client gone) is not an Exception and propagates
-                last = error_event(self.to_error(exc)) + DONE
-            self.ended = True
-            await send({"type": "http.response.body", "body": last, "more_body": False})
-        except asyncio.CancelledError:
-            if not watchers[0].done() or watchers[0].cancelled():
-                raise  # not the client's disconnect: e.g. the server shutting down
-            task.uncancel()  # the client is gone: nobody to answer
-        finally:
-            streaming = False
-            for watcher in watchers:
-                watcher.cancel()
+                last = DONE
+                try:
+                    async with contextlib.aclosing(self.events) as events:
+                        async for event in events:
+                            await send({"type": "http.response.body", "body": event, "more_body": True})
+                            self.sent += 1
+                except Exception as exc:  # cancellation (the client gone) is not an Exception and propagates
+                    last = error_event(self.to_error(exc)) + DONE
+                self.ended = True
+                await send({"type": "http.response.body", "body": last, "more_body": False})
+            except asyncio.CancelledError:
+                if not disconnected():
+                    raise  # not the client's disconnect: e.g. the server shutting down
+                # the client is gone: nobody to answer
+            finally:
+                keepalive.cancel()
 
     async def _keepalive(self, send: Send) -> None:
         seen = self.sent
@@ -90,12 +81,6 @@ class EventStream(Response):
             if self.sent == seen and not self.ended:
                 await send({"type": "http.response.body", "body": KEEPALIVE, "more_body": True})
             seen = self.sent
-
-
-async def _disconnected(receive: Receive) -> None:
-    # The request's body has been read: the next message is the disconnect.
-    while (await receive())["type"] != "http.disconnect":
-        pass
 
 
 def sse_response(events: AsyncGenerator[bytes, None], keepalive_s: float,
