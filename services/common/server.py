@@ -51,9 +51,12 @@ class ServedModel:
         self.url = entry.triton_grpc_url
         self.triton_name = entry.triton_name
         self.created = int(time.time())
-        self.ready = False
-        self.why_not_ready: str | None = "not checked yet"
+        self.why_not_ready: str | None = "not checked yet"  # None: ready
         self.unanswered = 0  # readiness checks in a row that Triton did not answer in time
+
+    @property
+    def ready(self) -> bool:
+        return self.why_not_ready is None
 
     def card(self) -> common_pb2.ModelCard:
         return common_pb2.ModelCard(id=self.name, kind=self.kind, created=self.created,
@@ -79,7 +82,7 @@ class ServedModel:
             log.info("model %s ready (Triton model %s at %s)", self.name, self.triton_name, self.url)
         elif self.ready and not ready:
             log.warning("model %s is no longer ready in Triton at %s: %s", self.name, self.url, why_not)
-        self.ready, self.why_not_ready = ready, why_not
+        self.why_not_ready = why_not
         return ready
 
     async def ensure_ready(self) -> None:
