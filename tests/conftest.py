@@ -71,7 +71,7 @@ def triton(models_dir: Path, events_file: Path, tmp_path_factory: pytest.TempPat
                             log_path=logs / log_name, extra_env={EVENTS_ENV: str(events_file)}, **ports)
 
     process = start("tritonserver.log")
-    fate: dict[str, Any] = {"log": process.log_path, "exit": None, "size": 0, "stubs": {}, "dead_stubs": [],
+    fate: dict[str, Any] = {"process": process, "exit": None, "size": 0, "stubs": {}, "dead_stubs": [],
                             "restarts": [], "restart": None}
 
     def restart(died: list[str]) -> None:
@@ -80,7 +80,7 @@ def triton(models_dir: Path, events_file: Path, tmp_path_factory: pytest.TempPat
         fresh = start(f"tritonserver-{len(fate['restarts']) + 1}.log")
         fresh.wait_ready(600)
         process.process, process.log_path = fresh.process, fresh.log_path
-        fate.update(log=fresh.log_path, stubs=python_stubs(fresh.process.pid))
+        fate["stubs"] = python_stubs(fresh.process.pid)
         fate["restarts"].append(died)
         time.sleep(RECONNECT_S)
 
@@ -123,10 +123,10 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     if fate["dead_stubs"]:  # each of those models failed every request from then on
         terminalreporter.write_sep("-", "Python-backend stub processes that died during the session (of "
                                         f"{len(fate['stubs'])}): {', '.join(fate['dead_stubs'])}")
-    terminalreporter.write_sep("-", f"the session's Triton {state} at the end; its log until then "
-                                    f"({fate['log']}):")
+    log = fate["process"].log_path
+    terminalreporter.write_sep("-", f"the session's Triton {state} at the end; its log until then ({log}):")
     try:
-        lines = fate["log"].read_bytes()[:fate["size"]].decode(errors="replace").splitlines()
+        lines = log.read_bytes()[:fate["size"]].decode(errors="replace").splitlines()
     except OSError as exc:
         terminalreporter.write_line(f"(its log could not be read: {exc})")
         return
