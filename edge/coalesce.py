@@ -1,9 +1,14 @@
 """Batch-while-busy towards the embed and rerank services: requests for one model leave together in one
-batch RPC (EmbedBatch, RerankBatch) when they arrive in the same turn of the event loop, or while `slots`
-calls for it are in flight (then as soon as a call returns). A request alone goes as an ordinary unary
-call, from its own task: no timer, no added latency when idle. Under load, the gRPC hop and the
-service's per-call work are paid per batch, not per request. A batch holds at most MAX_INPUTS inputs:
-a large request goes alone.
+batch RPC (EmbedBatch, RerankBatch) when they arrive in the same turn of the event loop, or, while this
+process is busy, when `slots` calls for it are in flight (then as soon as a call returns). A request alone
+goes as an ordinary unary call, from its own task: no timer, no added latency when idle. Under load, the
+gRPC hop and the service's per-call work are paid per batch, not per request. A batch holds at most
+MAX_INPUTS inputs: a large request goes alone.
+
+"Busy" is this process's own CPU (`ProcessBusy`). An edge with CPU to spare is not what limits the rate:
+holding requests for a slot would only leave the model's instances idle while they wait (a model that
+takes tens of milliseconds a call), so what each turn of the loop brings leaves at once. A busy edge
+pays for every call, so it keeps to `slots` and sends fewer, larger ones.
 
 Each request keeps what a unary call would give it: its request id and its own deadline travel with it
 (`ItemContext`), its failure is its own (an item error, mapped by the same table as a failed call), and
@@ -14,6 +19,7 @@ gone is cancelled. The service admits each item on its own, so `max_in_flight` s
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections import defaultdict, deque
 from collections.abc import Awaitable, Callable
@@ -31,6 +37,10 @@ MAX_ITEMS = 64  # requests per batch call at most
 # Inputs (texts, documents) per batch call at most: small requests are what merging saves CPU on, while a
 # large one is better sent alone, so that it runs beside the others (on other replicas) and not after them.
 MAX_INPUTS = 64
+# From this share of one core (all the process's threads, over the last BUSY_WINDOW_S) the edge counts as
+# busy. An edge in front of a slow model uses about a tenth of a core; one that limits the rate, most of one.
+BUSY_CORES = 0.3
+BUSY_WINDOW_S = 0.5
 _ALONE: Any = object()  # a waiting request's answer when it is to make its own unary call
 
 
@@ -40,6 +50,29 @@ class _Pending:
     request_id: str
     deadline: float  # time.monotonic()
     result: asyncio.Future[Any] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
+class ProcessBusy:
+    """Whether this process used at least `cores` of CPU time per second of wall time over its last
+    window (read again once the window has passed, so that asking costs a clock read)."""
+
+    def __init__(self, cores: float = BUSY_CORES, window: float = BUSY_WINDOW_S,
+                 cpu: Callable[[], float] = time.process_time, clock: Callable[[], float] = time.monotonic) -> None:
+        self.cores = cores
+        self.window = window
+        self._cpu = cpu
+        self._clock = clock
+        self._since = clock()
+        self._cpu_since = cpu()
+        self._busy = False
+
+    def __call__(self) -> bool:
+        now = self._clock()
+        if now - self._since >= self.window:
+            spent = self._cpu()
+            self._busy = (spent - self._cpu_since) / (now - self._since) >= self.cores
+            self._since, self._cpu_since = now, spent
+        return self._busy
 
 
 @dataclass
@@ -58,10 +91,11 @@ class BatchCalls:
 
 class Coalescer:
     def __init__(self, calls: BatchCalls, timeout: float, slots: int, max_items: int = MAX_ITEMS,
-                 max_inputs: int = MAX_INPUTS) -> None:
+                 max_inputs: int = MAX_INPUTS, busy: Callable[[], bool] | None = None) -> None:
         self.calls = calls
         self.timeout = timeout  # each request's deadline
-        self.slots = slots  # calls in flight per model
+        self.slots = slots  # calls in flight per model while busy
+        self.busy = busy or ProcessBusy()
         self.max_items = max_items
         self.max_inputs = max_inputs
         self._waiting: dict[str, deque[_Pending]] = defaultdict(deque)
@@ -107,7 +141,8 @@ class Coalescer:
     def _dispatch(self, model: str) -> None:
         self._scheduled.discard(model)
         waiting = self._waiting[model]
-        while self._in_flight[model] < self.slots and waiting:
+        slots = self.slots if self.busy() else math.inf
+        while self._in_flight[model] < slots and waiting:
             batch: list[_Pending] = []
             inputs = 0
             while waiting and len(batch) < self.max_items:

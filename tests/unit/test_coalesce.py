@@ -1,6 +1,7 @@
 """Batch-while-busy at the edge (edge/coalesce.py), against a fake service: an idle request goes at once as
-a unary call; requests that arrive while calls are in flight leave together in one batch call; each one
-keeps its own id, deadline and failure; a caller that goes away leaves the others alone."""
+a unary call; on a busy edge, requests that arrive while calls are in flight leave together in one batch
+call; an edge with CPU to spare holds nothing back; each request keeps its own id, deadline and failure;
+a caller that goes away leaves the others alone."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 import grpc
 import pytest
 
-from edge.coalesce import BatchCalls, Coalescer
+from edge.coalesce import BatchCalls, Coalescer, ProcessBusy
 from edge.errors import OpenAIError, from_item
 from tritongate.common.v1 import common_pb2
 from tritongate.embed.v1 import embed_pb2
@@ -55,11 +56,11 @@ class FakeService:
         return embed_pb2.EmbedBatchResponse(results=results)
 
 
-def coalescer(service: FakeService, slots: int = 1) -> Coalescer:
+def coalescer(service: FakeService, slots: int = 1, busy: bool = True) -> Coalescer:
     calls = BatchCalls(service.unary, service.batch, embed_pb2.EmbedBatchRequest, embed_pb2.EmbedBatchItem,
                        lambda request: len(request.texts.texts),
                        lambda exc: OpenAIError(503, "down"), lambda error: from_item(error, "embed"))
-    return Coalescer(calls, timeout=30.0, slots=slots)
+    return Coalescer(calls, timeout=30.0, slots=slots, busy=lambda: busy)
 
 
 async def call(coalescer: Coalescer, text: str, request_id: str) -> embed_pb2.EmbedResponse:
@@ -93,6 +94,38 @@ async def test_idle_goes_at_once_busy_ones_travel_together_each_with_its_id_and_
     assert isinstance(results[0], embed_pb2.EmbedResponse) and results[0].rows == 2
     assert isinstance(results[1], OpenAIError) and results[1].status == 400 and results[1].param == "input"
     assert isinstance(results[2], embed_pb2.EmbedResponse) and results[2].rows == 4
+
+
+async def test_an_edge_with_cpu_to_spare_does_not_hold_requests_for_a_slot() -> None:
+    service = FakeService()
+    coalesce = coalescer(service, slots=1, busy=False)
+    first = asyncio.create_task(call(coalesce, "a", "id-a"))
+    await settle()
+    second = asyncio.create_task(call(coalesce, "b", "id-b"))  # a later turn, the one slot taken
+    await settle()
+    assert service.unary_calls == [("a", "id-a"), ("b", "id-b")]  # both on their way
+    together = [asyncio.create_task(call(coalesce, text, f"id-{text}")) for text in ("c", "dd")]
+    await settle()
+    assert [[text for text, _, _ in batch] for batch in service.batch_calls] == [["c", "dd"]]  # one turn
+    service.release.set()
+    service.release_batches.set()
+    assert [r.rows for r in await asyncio.gather(first, second, *together)] == [1, 1, 1, 2]
+
+
+def test_busy_is_a_share_of_one_core_over_the_last_window() -> None:
+    clock, cpu = [0.0], [0.0]
+    busy = ProcessBusy(cores=0.3, window=0.5, cpu=lambda: cpu[0], clock=lambda: clock[0])
+    assert not busy()  # nothing measured yet
+    clock[0], cpu[0] = 0.5, 0.1  # 0.2 of a core
+    assert not busy()
+    clock[0], cpu[0] = 1.0, 0.3  # 0.4 of a core
+    assert busy()
+    clock[0], cpu[0] = 1.2, 1.0  # within the window: the last reading stands
+    assert busy()
+    clock[0], cpu[0] = 2.0, 1.1  # since the reading at 1.0 s: 0.8 s of CPU in 1 s
+    assert busy()
+    clock[0], cpu[0] = 3.0, 1.2  # 0.1 of a core
+    assert not busy()
 
 
 async def test_a_caller_that_goes_away_leaves_the_others_call_alone() -> None:
