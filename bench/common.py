@@ -1,6 +1,6 @@
-"""Shared benchmark plumbing: a private stack on free ports, closed-loop load, latency statistics, and the
+"""Shared benchmark plumbing: a private stack on free ports, closed-loop load, latency statistics, the
 CPU each of the stack's processes spends per request (from /proc, so the same command reads right on a
-laptop and on a GPU server).
+laptop and on a GPU server), and what the model cost Triton on each path (its CPU, its batches).
 
 Every benchmark takes `--edge-workers N` and `--replicas N` (service replicas), as `tritongate up
 --edge-workers N --<service>-replicas N` would run them; `--workers N` sets both, `auto` as `up` does.
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import socket
@@ -17,6 +18,7 @@ import statistics
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -104,6 +106,55 @@ class CpuMeter:
         return result
 
 
+def process_tree(pid: int) -> list[int]:
+    """`pid` and its child processes (Triton and its Python-backend stubs, which run the models)."""
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                children.append(int(stat.parent.name))
+        except (OSError, ValueError, IndexError):
+            continue  # a process that ended meanwhile
+    return [pid, *children]
+
+
+class ModelMeter:
+    """What serving `model` cost Triton over a measurement, the same on both paths: the CPU of Triton's
+    processes (the server and the stubs that run Python-backend models; a GPU model's kernels do not
+    show) per request, and the rows Triton's batches held per model execution. Through the gateway the
+    model may be fed differently than straight (other batches, other timing); this shows how."""
+
+    def __init__(self, model: str) -> None:
+        stack = _STACKS[-1] if _STACKS else None
+        self.model = model
+        self.http_port = stack.triton.http_port if stack and stack.triton else None
+        self.pids = process_tree(stack.triton.process.pid) if stack and stack.triton else []
+        self.before: tuple[float, int, int] = (0.0, 0, 0)
+
+    def _reading(self) -> tuple[float, int, int]:
+        """(CPU seconds, rows inferred, executions) so far."""
+        url = f"http://127.0.0.1:{self.http_port}/v2/models/{self.model}/stats"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            stats = json.load(response)["model_stats"]
+        cpu = 0.0
+        for pid in self.pids:
+            with contextlib.suppress(OSError):
+                cpu += process_cpu(pid)
+        return (cpu, sum(int(s.get("inference_count", 0)) for s in stats),
+                sum(int(s.get("execution_count", 0)) for s in stats))
+
+    def start(self) -> None:
+        if self.http_port:
+            self.before = self._reading()
+
+    def per(self, requests: int) -> dict[str, float]:
+        if not self.http_port or not requests:
+            return {}
+        cpu, rows, executions = (now - then for now, then in zip(self._reading(), self.before, strict=True))
+        return {"triton_cpu_us_per_request": round(cpu / requests * 1e6, 1),
+                "rows_per_execution": round(rows / executions, 2) if executions else 0.0}
+
+
 def summarize(latencies: list[float], elapsed: float, items_per_request: int) -> dict[str, float]:
     ordered = sorted(latencies)
     return {
@@ -128,13 +179,13 @@ async def closed_loop(call: Callable[[int], Awaitable[None]], concurrency: int, 
 
     async def worker() -> None:
         while time.perf_counter() < deadline:
-            started = time.perf_counter()
+            sent = time.perf_counter()
             await call(next(counter))
-            latencies.append(time.perf_counter() - started)
+            latencies.append(time.perf_counter() - sent)
 
-    started = time.perf_counter()
+    begun = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return latencies, time.perf_counter() - started
+    return latencies, time.perf_counter() - begun
 
 
 def ratio(edge: float, direct: float) -> float:
@@ -145,17 +196,27 @@ Path_ = Callable[[list[str]], Awaitable[None]]
 
 
 async def compare(size: int, concurrency: int, item: Callable[[int], str], direct: Path_, edge: Path_,
-                  seconds: float, warmup: int = 10) -> dict[str, Any]:
+                  seconds: float, warmup: int = 10, model: str = "") -> dict[str, Any]:
     """One point: the same closed-loop load straight to Triton, then through the edge, and the ratios.
-    Request i carries `size` inputs: item(i * size), item(i * size + 1), ..."""
+    Request i carries `size` inputs: item(i * size), item(i * size + 1), ... With `model` (its Triton
+    name), each path also reports what the model cost Triton (ModelMeter)."""
     row: dict[str, Any] = {"items_per_request": size, "concurrency": concurrency}
     meter = CpuMeter()
     for name, path in (("direct_triton", direct), ("edge", edge)):
         async def call(i: int, path: Path_ = path) -> None:
             await path([item(i * size + k) for k in range(size)])
 
-        latencies, elapsed = await closed_loop(call, concurrency, seconds, warmup, meter.start)
+        model_meter = ModelMeter(model) if model else None
+
+        def started(model_meter: ModelMeter | None = model_meter) -> None:
+            meter.start()
+            if model_meter:
+                model_meter.start()
+
+        latencies, elapsed = await closed_loop(call, concurrency, seconds, warmup, started)
         row[name] = summarize(latencies, elapsed, size)
+        if model_meter:
+            row[name].update(model_meter.per(len(latencies)))
     row["throughput_ratio"] = ratio(row["edge"]["items_per_s"], row["direct_triton"]["items_per_s"])
     row["cpu_us_per_request"] = meter.per(row["edge"]["requests"])
     if size > 1:  # per sentence or document

@@ -5,6 +5,8 @@
 Starts its own Triton (only the MiniLM model), embed service and edge on free ports. The direct path
 is what a minimal client would do: tokenize with the same tokenizer, one Triton request per HTTP
 request, normalise. Prints one JSON document; ratio = edge / direct.
+Each path also reports what the model cost Triton: its processes' CPU per request and the rows per
+model execution.
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ async def run(seconds: float) -> dict[str, Any]:
                 await response.read()
 
         results = [
-            await compare(size, concurrency, sentence, direct, edge, seconds)
+            await compare(size, concurrency, sentence, direct, edge, seconds, model=MODEL)
             for size, concurrency in WORKLOADS
         ]
         await http.close()

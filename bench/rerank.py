@@ -6,6 +6,8 @@ Starts its own Triton (only the demo reranker), rerank service and edge on free 
 20, 100 and 500 documents of about 100 tokens per request. The direct path tokenizes the pairs with
 the same tokenizer, sends them to Triton in requests of the model's batch size (64) concurrently, and
 sorts the scores. Prints one JSON document; ratio = edge / direct.
+Each path also reports what the model cost Triton: its processes' CPU per request and the rows per
+model execution.
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ async def run(seconds: float) -> dict[str, Any]:
                 await r.read()
 
         results = [
-            await compare(size, concurrency, document, direct, edge, seconds, warmup=3)
+            await compare(size, concurrency, document, direct, edge, seconds, warmup=3, model=MODEL)
             for size, concurrency in WORKLOADS
         ]
         await http.close()
