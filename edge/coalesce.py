@@ -5,10 +5,10 @@ goes as an ordinary unary call, from its own task: no timer, no added latency wh
 gRPC hop and the service's per-call work are paid per batch, not per request. A batch holds at most
 MAX_INPUTS inputs: a large request goes alone.
 
-"Busy" is this process's own CPU (`ProcessBusy`). An edge with CPU to spare is not what limits the rate:
-holding requests for a slot would only leave the model's instances idle while they wait (a model that
-takes tens of milliseconds a call), so what each turn of the loop brings leaves at once. A busy edge
-pays for every call, so it keeps to `slots` and sends fewer, larger ones.
+"Busy" is this process's own CPU (tritongate/busy.py). An edge with CPU to spare is not what limits the
+rate: holding requests for a slot would only leave the model's instances idle while they wait (a model
+that takes tens of milliseconds a call), so what each turn of the loop brings leaves at once. A busy
+edge pays for every call, so it keeps to `slots` and sends fewer, larger ones.
 
 Each request keeps what a unary call would give it: its request id and its own deadline travel with it
 (`ItemContext`), its failure is its own (an item error, mapped by the same table as a failed call), and
@@ -29,6 +29,7 @@ from typing import Any
 import grpc
 
 from edge.errors import OpenAIError
+from tritongate.busy import ProcessBusy
 from tritongate.common.v1 import common_pb2
 from tritongate.logs import REQUEST_ID
 from tritongate.wire import REQUEST_ID_KEY
@@ -37,10 +38,6 @@ MAX_ITEMS = 64  # requests per batch call at most
 # Inputs (texts, documents) per batch call at most: small requests are what merging saves CPU on, while a
 # large one is better sent alone, so that it runs beside the others (on other replicas) and not after them.
 MAX_INPUTS = 64
-# From this share of one core (all the process's threads, over the last BUSY_WINDOW_S) the edge counts as
-# busy. An edge in front of a slow model uses about a tenth of a core; one that limits the rate, most of one.
-BUSY_CORES = 0.3
-BUSY_WINDOW_S = 0.5
 _ALONE: Any = object()  # a waiting request's answer when it is to make its own unary call
 
 
@@ -50,29 +47,6 @@ class _Pending:
     request_id: str
     deadline: float  # time.monotonic()
     result: asyncio.Future[Any] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
-
-
-class ProcessBusy:
-    """Whether this process used at least `cores` of CPU time per second of wall time over its last
-    window (read again once the window has passed, so that asking costs a clock read)."""
-
-    def __init__(self, cores: float = BUSY_CORES, window: float = BUSY_WINDOW_S,
-                 cpu: Callable[[], float] = time.process_time, clock: Callable[[], float] = time.monotonic) -> None:
-        self.cores = cores
-        self.window = window
-        self._cpu = cpu
-        self._clock = clock
-        self._since = clock()
-        self._cpu_since = cpu()
-        self._busy = False
-
-    def __call__(self) -> bool:
-        now = self._clock()
-        if now - self._since >= self.window:
-            spent = self._cpu()
-            self._busy = (spent - self._cpu_since) / (now - self._since) >= self.cores
-            self._since, self._cpu_since = now, spent
-        return self._busy
 
 
 @dataclass

@@ -22,6 +22,7 @@ from services.common.metrics import BATCH_SIZE
 from services.common.server import ServedModel
 from services.common.tokenizer import load_tokenizer
 from services.common.triton import Triton
+from tritongate.busy import ProcessBusy
 from tritongate.config import EncoderEntry
 from tritongate.logs import NO_REQUEST, REQUEST_ID
 
@@ -59,22 +60,25 @@ class _Waiting:
 class Batcher:
     """Continuous batching for encoder calls, as TEI and Infinity do it.
 
-    At most `slots` Triton calls are in flight. What is submitted in one turn of the event loop leaves
-    after that turn (no timer: no added latency when idle), spread over the model's idle `instances`
-    (Triton runs one call on one instance), each call at most `batch_size` rows; what arrives while no
-    slot is free waits, and leaves together when a call ends. Under load this turns many one-row
-    requests into few large calls, which is what costs Triton and this process least per row.
+    What is submitted in one turn of the event loop leaves after that turn (no timer: no added latency
+    when idle), spread over the model's idle `instances` (Triton runs one call on one instance), each
+    call at most `batch_size` rows. While this process is `busy` (tritongate/busy.py), at most `slots`
+    Triton calls are in flight: what arrives while no slot is free waits, and leaves together when a
+    call ends, so that many one-row requests cost this process few calls. With CPU to spare, every
+    turn's rows leave at once: Triton's own batcher merges the calls that queue there as soon as an
+    instance is free, where rows held here would reach it late, in smaller batches.
 
     A call runs with REQUEST_ID set to the distinct ids of the requests it serves, joined by ","
     (cut at MAX_BATCH_IDS characters), for its log lines and the Triton request id.
     """
 
     def __init__(self, call: Callable[[list[Row]], Awaitable[np.ndarray]], batch_size: int, slots: int,
-                 model: str = "", instances: int = 1) -> None:
+                 model: str = "", instances: int = 1, busy: Callable[[], bool] | None = None) -> None:
         self.call = call
         self.model = model
         self.batch_size = batch_size
-        self.slots = slots
+        self.slots = slots  # Triton calls in flight while busy
+        self.busy = busy or ProcessBusy()
         self.instances = instances  # of the Triton model: how many calls it runs at once
         self._waiting: deque[_Waiting] = deque()
         self._in_flight = 0
@@ -106,9 +110,10 @@ class Batcher:
 
     def _dispatch(self) -> None:
         self._scheduled = False
-        while self._in_flight < self.slots and self._waiting:
+        slots = self.slots if self.busy() else math.inf
+        while self._in_flight < slots and self._waiting:
             # One call per idle instance (at least one call), in equal parts.
-            calls = max(1, min(self.slots, self.instances) - self._in_flight)
+            calls = max(1, min(slots, self.instances) - self._in_flight)
             rows = sum(len(waiting.rows) for waiting in self._waiting)
             limit = min(self.batch_size, math.ceil(rows / calls))
             batch: list[_Waiting] = []

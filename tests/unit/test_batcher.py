@@ -1,8 +1,11 @@
-"""The encoder Batcher: merging concurrent requests into Triton calls (a fake call, no Triton)."""
+"""The encoder Batcher: merging concurrent requests into Triton calls (a fake call, no Triton). Unless a test
+says otherwise, the batcher counts its process as busy, so that it keeps to its slots whatever this test
+process's own CPU does."""
 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import numpy as np
 import pytest
@@ -27,6 +30,10 @@ class FakeTriton:
         return np.array([[i * 10] for i in ids])
 
 
+def batcher_of(call: Any, batch_size: int, slots: int, instances: int = 1, busy: bool = True) -> Batcher:
+    return Batcher(call, batch_size=batch_size, slots=slots, instances=instances, busy=lambda: busy)
+
+
 def rows(*ids: int) -> list[Row]:
     return [Row([i]) for i in ids]
 
@@ -40,7 +47,7 @@ async def settle() -> None:
 async def test_an_idle_batcher_sends_at_once() -> None:
     fake = FakeTriton()
     fake.release.set()
-    batcher = Batcher(fake, batch_size=8, slots=2)
+    batcher = batcher_of(fake, batch_size=8, slots=2)
     result = await batcher.submit(rows(1, 2))
     assert fake.calls == [[1, 2]]
     assert result.tolist() == [[10], [20]]
@@ -48,7 +55,7 @@ async def test_an_idle_batcher_sends_at_once() -> None:
 
 async def test_requests_waiting_for_a_slot_leave_together() -> None:
     fake = FakeTriton()
-    batcher = Batcher(fake, batch_size=8, slots=1)
+    batcher = batcher_of(fake, batch_size=8, slots=1)
     first = asyncio.create_task(batcher.submit(rows(1)))
     await settle()
     others = [asyncio.create_task(batcher.submit(rows(i, i + 1))) for i in (2, 4, 6)]
@@ -60,10 +67,26 @@ async def test_requests_waiting_for_a_slot_leave_together() -> None:
     assert [r.ravel().tolist() for r in results] == [[10], [20, 30], [40, 50], [60, 70]]
 
 
+async def test_with_cpu_to_spare_what_arrives_leaves_at_once_whatever_the_slots() -> None:
+    fake = FakeTriton()
+    batcher = batcher_of(fake, batch_size=8, slots=1, instances=2, busy=False)
+    first = asyncio.create_task(batcher.submit(rows(1)))
+    await settle()
+    later = [asyncio.create_task(batcher.submit(rows(i))) for i in (2, 3)]
+    await settle()
+    last = asyncio.create_task(batcher.submit(rows(4)))
+    await settle()
+    # Each turn's rows on their way, spread over the instances that are idle; none held for the slot.
+    assert fake.calls == [[1], [2, 3], [4]]
+    fake.release.set()
+    results = await asyncio.gather(first, *later, last)
+    assert [r.ravel().tolist() for r in results] == [[10], [20], [30], [40]]
+
+
 async def test_requests_submitted_in_the_same_turn_leave_together_even_with_slots_free() -> None:
     fake = FakeTriton()
     fake.release.set()
-    batcher = Batcher(fake, batch_size=8, slots=4)
+    batcher = batcher_of(fake, batch_size=8, slots=4)
     results = await asyncio.gather(*(batcher.submit(rows(i)) for i in (1, 2, 3)))
     assert fake.calls == [[1, 2, 3]]
     assert [r.ravel().tolist() for r in results] == [[10], [20], [30]]
@@ -71,7 +94,7 @@ async def test_requests_submitted_in_the_same_turn_leave_together_even_with_slot
 
 async def test_what_leaves_together_is_spread_over_the_idle_model_instances() -> None:
     fake = FakeTriton()
-    batcher = Batcher(fake, batch_size=8, slots=4, instances=2)
+    batcher = batcher_of(fake, batch_size=8, slots=4, instances=2)
     first = [asyncio.create_task(batcher.submit(rows(i))) for i in (1, 2, 3)]
     big = asyncio.create_task(batcher.submit(rows(4, 5, 6, 7, 8)))  # a batch RPC's requests, as one
     await settle()
@@ -93,7 +116,7 @@ def test_the_instances_of_a_triton_model_are_read_from_its_instance_groups() -> 
 async def test_large_requests_are_split_into_equal_parts_of_at_most_the_batch_size() -> None:
     fake = FakeTriton()
     fake.release.set()
-    batcher = Batcher(fake, batch_size=4, slots=4)
+    batcher = batcher_of(fake, batch_size=4, slots=4)
     await batcher.submit(rows(*range(1, 6)))
     assert sorted(fake.calls) == [[1, 2, 3], [4, 5]]
 
@@ -101,7 +124,7 @@ async def test_large_requests_are_split_into_equal_parts_of_at_most_the_batch_si
 async def test_large_requests_are_split_at_the_batch_size() -> None:
     fake = FakeTriton()
     fake.release.set()
-    batcher = Batcher(fake, batch_size=3, slots=4)
+    batcher = batcher_of(fake, batch_size=3, slots=4)
     result = await batcher.submit(rows(*range(1, 9)))
     assert sorted(fake.calls) == [[1, 2, 3], [4, 5, 6], [7, 8]]
     assert result.ravel().tolist() == [i * 10 for i in range(1, 9)]
@@ -109,7 +132,7 @@ async def test_large_requests_are_split_at_the_batch_size() -> None:
 
 async def test_a_cancelled_caller_does_not_reach_triton() -> None:
     fake = FakeTriton()
-    batcher = Batcher(fake, batch_size=8, slots=1)
+    batcher = batcher_of(fake, batch_size=8, slots=1)
     first = asyncio.create_task(batcher.submit(rows(1)))
     await settle()
     gone = asyncio.create_task(batcher.submit(rows(2)))
@@ -126,7 +149,7 @@ async def test_a_cancelled_caller_does_not_reach_triton() -> None:
 
 async def test_a_failed_call_fails_only_its_own_requests() -> None:
     fake = FakeTriton(fail_on=2)
-    batcher = Batcher(fake, batch_size=1, slots=2)
+    batcher = batcher_of(fake, batch_size=1, slots=2)
     fake.release.set()
     results = await asyncio.gather(batcher.submit(rows(1)), batcher.submit(rows(2)), return_exceptions=True)
     assert isinstance(results[1], RuntimeError)
@@ -145,7 +168,7 @@ async def test_a_triton_call_whose_callers_all_left_is_cancelled() -> None:
             raise
         return np.zeros((len(batch), 1))
 
-    batcher = Batcher(call, batch_size=8, slots=1)
+    batcher = batcher_of(call, batch_size=8, slots=1)
     alone = asyncio.create_task(batcher.submit(rows(1)))
     await settle()
     shared = [asyncio.create_task(batcher.submit(rows(i))) for i in (2, 3)]  # wait, then leave together
@@ -164,5 +187,5 @@ async def test_a_triton_call_whose_callers_all_left_is_cancelled() -> None:
 
 async def test_no_rows_make_no_call() -> None:
     fake = FakeTriton()
-    result = await Batcher(fake, batch_size=8, slots=1).submit([])
+    result = await batcher_of(fake, batch_size=8, slots=1).submit([])
     assert fake.calls == [] and result.shape == (0, 0)

@@ -11,7 +11,7 @@ from typing import Any
 import grpc
 import pytest
 
-from edge.coalesce import BatchCalls, Coalescer, ProcessBusy
+from edge.coalesce import BatchCalls, Coalescer
 from edge.errors import OpenAIError, from_item
 from tritongate.common.v1 import common_pb2
 from tritongate.embed.v1 import embed_pb2
@@ -110,22 +110,6 @@ async def test_an_edge_with_cpu_to_spare_does_not_hold_requests_for_a_slot() -> 
     service.release.set()
     service.release_batches.set()
     assert [r.rows for r in await asyncio.gather(first, second, *together)] == [1, 1, 1, 2]
-
-
-def test_busy_is_a_share_of_one_core_over_the_last_window() -> None:
-    clock, cpu = [0.0], [0.0]
-    busy = ProcessBusy(cores=0.3, window=0.5, cpu=lambda: cpu[0], clock=lambda: clock[0])
-    assert not busy()  # nothing measured yet
-    clock[0], cpu[0] = 0.5, 0.1  # 0.2 of a core
-    assert not busy()
-    clock[0], cpu[0] = 1.0, 0.3  # 0.4 of a core
-    assert busy()
-    clock[0], cpu[0] = 1.2, 1.0  # within the window: the last reading stands
-    assert busy()
-    clock[0], cpu[0] = 2.0, 1.1  # since the reading at 1.0 s: 0.8 s of CPU in 1 s
-    assert busy()
-    clock[0], cpu[0] = 3.0, 1.2  # 0.1 of a core
-    assert not busy()
 
 
 async def test_a_caller_that_goes_away_leaves_the_others_call_alone() -> None:

@@ -93,7 +93,7 @@ async def test_a_merged_batch_carries_the_distinct_ids_of_its_requests() -> None
         await release.wait()
         return np.zeros((len(rows), 1))
 
-    batcher = Batcher(call, batch_size=8, slots=1, model="m")
+    batcher = Batcher(call, batch_size=8, slots=1, model="m", busy=lambda: True)
 
     async def submit(request_id: str, n: int) -> np.ndarray:
         REQUEST_ID.set(request_id)  # this task's own context, as in a service's RPC task
@@ -116,7 +116,7 @@ async def test_batch_ids_are_capped() -> None:
         seen.append(REQUEST_ID.get())
         return np.zeros((len(rows), 1))
 
-    batcher = Batcher(call, batch_size=64, slots=1)
+    batcher = Batcher(call, batch_size=64, slots=1, busy=lambda: True)
     blocker = asyncio.Event()
 
     async def submit(request_id: str) -> None:
