@@ -81,7 +81,7 @@ class Settings(BaseSettings):
     # The edge's access log, one line per request (logger tritongate.access); the metrics count every request
     # either way.
     access_log: bool = True
-    # Embed and rerank calls in flight per model from one busy edge process (a third of a core or more);
+    # Embed and rerank calls in flight per model from one busy edge process (0.3 of a core or more);
     # requests that arrive while they are travel together in the next (edge/coalesce.py). Two keep a service
     # busy while a batch is on the wire. An edge with CPU to spare holds nothing back.
     calls_per_model: int = Field(2, ge=1)
