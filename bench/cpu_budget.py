@@ -130,7 +130,7 @@ async def bare_grpc() -> dict[str, float]:
         return await _bare(BARE_GRPC, connect)
     finally:
         for channel in channels:
-            await channel.close()
+            await channel.close(grace=None)
 
 
 async def gateway(seconds: float, model: str = MODEL) -> list[dict[str, Any]]:

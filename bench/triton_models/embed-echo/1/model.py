@@ -6,6 +6,9 @@ if _site:  # the Python-backend stub runs the base interpreter; use the venv's p
     sys.path.insert(0, _site)
 sys.dont_write_bytecode = True  # a __pycache__ folder in the model repository would be taken for a model
 
+import json
+import time
+
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -13,9 +16,17 @@ DIM = 384
 
 
 class TritonPythonModel:
-    """Each text's vector is its bag of token ids (id modulo 384), normalized: a few microseconds a row."""
+    """Each text's vector is its bag of token ids (id modulo 384), normalized: a few microseconds a row.
+    With the `wait_ms` parameter, each execution first sleeps that long: a model that takes time but no
+    CPU (bench/latency.py)."""
+
+    def initialize(self, args):
+        parameters = json.loads(args["model_config"]).get("parameters", {})
+        self.wait = float(parameters.get("wait_ms", {}).get("string_value", "0")) / 1000
 
     def execute(self, requests):
+        if self.wait:
+            time.sleep(self.wait)
         responses = []
         for request in requests:
             ids = pb_utils.get_input_tensor_by_name(request, "input_ids").as_numpy()
