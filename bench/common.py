@@ -28,6 +28,9 @@ from launcher.stack import LocalStack
 from launcher.workers import parse_workers
 from tritongate.settings import DEPLOY_DIR, Settings
 
+# The benchmarks' own Triton models (embed-echo and its variants), beside deploy/triton's.
+BENCH_MODELS = Path(__file__).resolve().parent / "triton_models"
+
 # Processes per component of the benchmarks' stacks (bench_main sets them from the command line).
 PROCESSES = {"edge": 1, "services": 1}
 _STACKS: list[LocalStack] = []  # the running private stack, for the CPU accounting of `compare`

@@ -29,10 +29,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import CpuMeter, bench_main, free_port, private_stack, process_cpu
+from bench.common import BENCH_MODELS, CpuMeter, bench_main, free_port, private_stack, process_cpu
 from tritongate.settings import default_models_dir
-
-BENCH_MODELS = Path(__file__).resolve().parent / "triton_models"
 
 MODEL = "all-minilm-l6-v2"
 CHEAP_MODEL = "embed-echo"  # MiniLM's tokenizer and tensors; vectors at a few microseconds a row

@@ -78,5 +78,6 @@ async def run(seconds: float) -> dict[str, Any]:
         await triton.close()
     return {"benchmark": "embeddings", "model": MODEL, "seconds_per_point": seconds, "results": results}
 
+
 if __name__ == "__main__":
     bench_main(__doc__, run)

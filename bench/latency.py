@@ -26,8 +26,7 @@ from tritonclient.grpc.aio import InferenceServerClient
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import CpuMeter, Path_, bench_main, closed_loop, private_stack, summarize
-from bench.cpu_budget import BENCH_MODELS
+from bench.common import BENCH_MODELS, CpuMeter, Path_, bench_main, closed_loop, private_stack, summarize
 from bench.embeddings import direct_path, edge_path, sentence
 from tritongate.embed.v1 import embed_pb2, embed_pb2_grpc
 from tritongate.settings import default_models_dir
