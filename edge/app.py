@@ -12,6 +12,7 @@ from fastapi import FastAPI
 
 from edge.auth import install_auth
 from edge.clients import ServiceClients
+from edge.endpoints.interactive import Sessions
 from edge.errors import install_error_handlers
 from edge.lean import LeanRoutes
 from edge.limits import BodySizeLimit
@@ -27,12 +28,13 @@ from edge.routers import (
     responses,
     tokenize,
 )
-from edge.store import BoundedStore
+from edge.state import Limits, open_store
 from edge.telemetry import install_metrics
 from tritongate.settings import Settings, get_settings
 from tritongate.tls import client_tls
 
 log = logging.getLogger(__name__)
+CANCEL_TTL_S = 60.0  # an interactive `cancel` waits this long for the turn it stops to notice it
 
 # FastAPI's own OpenTelemetry layer (newer releases) asks on every request whether a provider is set: the
 # edge has its metrics (edge/telemetry.py) and its tracing (TRITONGATE_OTEL, tritongate/tracing.py), so off.
@@ -50,12 +52,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # Read only through the typed dependencies of edge/deps.py.
         app.state.settings = settings
         app.state.clients = clients = ServiceClients.open(settings)
-        app.state.responses = BoundedStore(settings.responses_store_max, settings.responses_store_ttl_s)
-        app.state.sessions = BoundedStore(settings.interactive_max_sessions, settings.interactive_session_ttl_s)
+        store = open_store(settings.state_url)
+        log.info("state shared through %s", store.name)
+        app.state.responses = store.space("responses", Limits(settings.responses_store_max,
+                                                              settings.responses_store_ttl_s))
+        sessions = Limits(settings.interactive_max_sessions, settings.interactive_session_ttl_s)
+        app.state.sessions = Sessions(store.space("sessions", sessions),
+                                      store.space("cancels", Limits(sessions.max_entries, CANCEL_TTL_S)))
         try:
             yield
         finally:
             await clients.close()
+            await store.close()
 
     app = FastAPI(
         title="tritongate",

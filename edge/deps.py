@@ -9,9 +9,8 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from edge.clients import LlmClient, ModelDirectory, ServiceClients
-from edge.endpoints.interactive import Session
-from edge.endpoints.responses import Stored
-from edge.store import BoundedStore
+from edge.endpoints.interactive import Sessions
+from edge.state import Space
 from tritongate.settings import Settings
 
 
@@ -41,13 +40,13 @@ async def _llm(request: Request) -> LlmClient:
     return clients(request).llm
 
 
-async def _response_store(request: Request) -> BoundedStore[Stored]:
-    store: BoundedStore[Stored] = request.app.state.responses
+async def _response_store(request: Request) -> Space:
+    store: Space = request.app.state.responses
     return store
 
 
-async def _sessions(request: Request) -> BoundedStore[Session]:
-    sessions: BoundedStore[Session] = request.app.state.sessions
+async def _sessions(request: Request) -> Sessions:
+    sessions: Sessions = request.app.state.sessions
     return sessions
 
 
@@ -55,5 +54,5 @@ SettingsDep = Annotated[Settings, Depends(_settings)]
 ClientsDep = Annotated[ServiceClients, Depends(_all)]
 DirectoryDep = Annotated[ModelDirectory, Depends(_directory)]
 LlmDep = Annotated[LlmClient, Depends(_llm)]
-ResponseStoreDep = Annotated[BoundedStore[Stored], Depends(_response_store)]
-SessionsDep = Annotated[BoundedStore[Session], Depends(_sessions)]
+ResponseStoreDep = Annotated[Space, Depends(_response_store)]
+SessionsDep = Annotated[Sessions, Depends(_sessions)]

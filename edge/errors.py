@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from edge.endpoints.common import ParamError
+from edge.state import StoreUnavailable
 from tritongate.common.v1 import common_pb2
 from tritongate.logs import REQUEST_ID
 from tritongate.wire import CODE_KEY, PARAM_KEY, REQUEST_ID_KEY
@@ -147,6 +148,10 @@ def as_openai_error(exc: Exception) -> OpenAIError:
     if isinstance(exc, StarletteHTTPException):
         message = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail)
         return OpenAIError(exc.status_code, message)
+    if isinstance(exc, StoreUnavailable):  # its message names the store (no password) and the reason
+        log.warning("%s", exc)
+        return OpenAIError(503, f"{exc} Try again shortly.", code="state_store_unavailable",
+                           headers={"Retry-After": "1"})
     log.error("unexpected error", exc_info=exc)
     return OpenAIError(500, "The server had an error while processing your request.")
 

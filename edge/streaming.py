@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncGenerator, Callable, Iterable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
 from typing import Any, Protocol
 
 import orjson
@@ -94,9 +94,11 @@ async def generate(request: Request, client: LlmClient, proto: llm_pb2.GenerateR
 
 async def run(request: Request, client: LlmClient, proto: llm_pb2.GenerateRequest, collector: Collector, *,
               stream: bool, keepalive_s: float, framing: Callable[[dict[str, Any]], Framing],
-              respond: Callable[[AsyncGenerator[bytes, None], float], Response] = sse_response) -> Response:
+              respond: Callable[[AsyncGenerator[bytes, None], float], Response] = sse_response,
+              persist: Callable[[], Awaitable[None]] | None = None) -> Response:
     """Any generation endpoint: `framing` writes its stream (as Server-Sent Events, unless `respond`
-    writes it otherwise), `collector` its whole response."""
+    writes it otherwise), `collector` its whole response. `persist` saves what the endpoint keeps of a
+    finished generation (a stored Response, a session's turn), before the client sees the end."""
     head = {"id": f"{collector.prefix}-{uuid.uuid4().hex}", "object": collector.object,
             "created": int(time.time()), "model": proto.model}
     generation = await client.generate(proto)
@@ -106,15 +108,18 @@ async def run(request: Request, client: LlmClient, proto: llm_pb2.GenerateReques
         generation.cancel()
         raise
     if stream:
-        return respond(_events(generation, accepted, framing(head)), keepalive_s)
+        return respond(_events(generation, accepted, framing(head), persist), keepalive_s)
     try:
         body = await until_disconnected(request, _collect(generation, accepted, collector, head))
     finally:
         generation.cancel()
+    if persist is not None:
+        await persist()
     return Response(orjson.dumps(body), media_type="application/json")
 
 
-async def _events(generation: Generation, accepted: llm_pb2.Accepted, framing: Framing) -> AsyncGenerator[bytes, None]:
+async def _events(generation: Generation, accepted: llm_pb2.Accepted, framing: Framing,
+                  persist: Callable[[], Awaitable[None]] | None) -> AsyncGenerator[bytes, None]:
     """The stream's events, those of one service message together (one write to the client)."""
     try:
         if opening := b"".join(framing.start(accepted)):
@@ -125,7 +130,10 @@ async def _events(generation: Generation, accepted: llm_pb2.Accepted, framing: F
                 events.extend(framing.end(delta.index, delta.finish_reason))
             if events:
                 yield b"".join(events)
-        if closing := b"".join(framing.finish(generation.usage)):
+        closing = b"".join(framing.finish(generation.usage))
+        if persist is not None:
+            await persist()
+        if closing:
             yield closing
     finally:
         generation.cancel()

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from launcher.supervisor import CannotStart
 from launcher.workers import AUTO
 from tritongate.config import ConfigError
 from tritongate.logs import configure_logging
@@ -218,13 +219,26 @@ def _count(workers: str) -> int:
     return parse_workers(workers)
 
 
+def _check_state_store(settings: Settings) -> None:
+    """Exit with one line unless the shared state store (TRITONGATE_STATE_URL) parses and answers."""
+    import asyncio
+
+    from edge.state import StateUrlError, StoreUnavailable, check_store
+
+    try:
+        log.info("state store: %s", asyncio.run(check_store(settings.state_url)))
+    except (StateUrlError, StoreUnavailable) as exc:
+        sys.exit(f"tritongate edge: error: {exc}")
+
+
 def _run_edge(args: argparse.Namespace, argv: list[str], settings: Settings) -> None:
     import uvicorn
 
     from launcher.workers import run_edge_workers, shared_port_socket
 
+    _check_state_store(settings)
     if settings.edge_workers > 1 and not args.shared_port:
-        sys.exit(run_edge_workers(argv, settings.edge_workers))
+        sys.exit(run_edge_workers(argv, settings.edge_workers, settings.shutdown_grace_s))
     from edge.app import create_app
 
     # uvicorn drains on SIGTERM, then raises it again: exit 0 then (a clean stop), as the services do.
@@ -330,7 +344,7 @@ def main(argv: list[str] | None = None) -> None:
 
     try:
         runners[args.command]()
-    except (ConfigError, TritonError) as exc:
+    except (ConfigError, TritonError, CannotStart) as exc:
         sys.exit(f"tritongate {args.command}: error: {exc}")
     except KeyboardInterrupt:
         pass

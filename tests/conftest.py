@@ -9,6 +9,8 @@ Nothing here runs unless a test asks for it, so the unit tests start no Triton (
 from __future__ import annotations
 
 import contextlib
+import os
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +29,11 @@ from tritongate.triton_local import TritonProcess, start_triton
 if TYPE_CHECKING:  # imported where used: the unit tests need neither client
     import httpx
     import openai
+
+# The session's own state folder: an edge's default store (a SQLite file there) starts empty in every run
+# and never touches the user's; removed when the run ends. Each test stack has a store of its own in it.
+_STATE_HOME = tempfile.TemporaryDirectory(prefix="tritongate-test-state-")
+os.environ["XDG_STATE_HOME"] = _STATE_HOME.name
 
 
 @pytest.fixture(scope="session")

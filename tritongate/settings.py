@@ -23,6 +23,14 @@ def default_cache_dir() -> Path:
     return Path(base) / "tritongate"
 
 
+def default_state_url() -> str:
+    """The edge's shared state when TRITONGATE_STATE_URL is unset: a SQLite file in tritongate's state
+    folder ($XDG_STATE_HOME/tritongate, by default ~/.local/state/tritongate), which every edge process of
+    this machine opens."""
+    base = os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state"
+    return f"sqlite://{Path(base).resolve() / 'tritongate' / 'edge-state.sqlite3'}"
+
+
 def default_models_dir() -> Path:
     return Path(os.environ.get("TRITONGATE_MODELS_DIR") or default_cache_dir() / "models")
 
@@ -66,11 +74,15 @@ class Settings(BaseSettings):
     max_embedding_inputs: int = 2048
     max_rerank_documents: int = 1000
     sse_keepalive_s: float = 15.0
+    # Where state that outlives a request lives, shared by every edge process pointed at it (edge/state/):
+    # sqlite:///path (default: default_state_url(), one machine), redis://host:port/db (Redis or Valkey,
+    # several machines) or memory:// (this process only).
+    state_url: str = Field(default_factory=default_state_url)
     # Stored Responses (`store: true`, read back by `previous_response_id` and GET /v1/responses/{id}):
-    # how many one edge keeps, and for how long after their last use.
+    # how many the store keeps, and for how long after their last use.
     responses_store_max: int = Field(1000, ge=1)
     responses_store_ttl_s: float = Field(3600.0, gt=0)
-    # LMDeploy-style interactive sessions (/v1/chat/interactive), kept by each edge: how many at once, the
+    # LMDeploy-style interactive sessions (/v1/chat/interactive), in the same store: how many at once, the
     # tokens one may hold (then it must be ended), and how long an unused one is kept.
     interactive_max_sessions: int = Field(1024, ge=1)
     interactive_max_session_tokens: int = Field(16384, ge=1)

@@ -1,9 +1,12 @@
 """POST /v1/chat/interactive: LMDeploy api_server's interactive chat, served as chat requests.
 
-The edge keeps each session's conversation (`Session`, in a `BoundedStore` of the edge process): a
-request with `interactive_mode: true` adds its prompt and the answer to the session; one with
-`interactive_mode: false` (LMDeploy's default) is answered after the session's history and then ends
-the session. `cancel: true` stops the session's request in flight. The answer is LMDeploy's
+Each session's conversation (`Session`) is kept in the state store that every edge process shares
+(edge/state/), so a session's turns may reach any edge worker or replica: a request with
+`interactive_mode: true` adds its prompt and the answer to the session, in one atomic update of the
+stored session (turns in flight at once each add theirs; none is lost); one with `interactive_mode:
+false` (LMDeploy's default) is answered after the session's history and then ends the session.
+`cancel: true` stops the session's request in flight, wherever it runs: it leaves a flag in the store,
+which the edge process running the turn looks for every CANCEL_POLL_S. The answer is LMDeploy's
 `{text, tokens, input_tokens, history_tokens, finish_reason}`; streamed, one such JSON object a line,
 each carrying the new text (the last line has the finish reason and the exact token counts).
 """
@@ -11,9 +14,10 @@ each carrying the new text (the last line has the finish reason and the exact to
 from __future__ import annotations
 
 import asyncio
-import itertools
+import contextlib
+import secrets
 from collections.abc import AsyncIterator, Iterable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Annotated, Any, Literal
 
 import orjson
@@ -26,13 +30,14 @@ from edge.endpoints.chat import ChatCompletionRequest, ChatMessage
 from edge.endpoints.common import UINT32_MAX, OpenAIRequest, ParamError, ResponseModel
 from edge.endpoints.llm_common import Collected, RepetitionPenalty, Stop, Temperature, TopK, TopP, stop_list
 from edge.errors import OpenAIError, as_openai_error
-from edge.store import BoundedStore
+from edge.state import Space, StoreUnavailable
 from tritongate.common.v1 import common_pb2
 from tritongate.llm.v1 import llm_pb2
 
 # LMDeploy's parameters under their chat names, for the errors of the chat rules.
 INTERACTIVE_PARAM = {"max_tokens": "request_output_len", "messages": "prompt"}
-_new_ids = itertools.count(1 << 40)  # ids for `session_id: -1`, above any a client is likely to pick
+NEW_IDS_FROM = 1 << 40  # ids for `session_id: -1` are random, above any a client is likely to pick
+CANCEL_POLL_S = 0.2  # how often a turn in flight looks for a `cancel` (which may reach another process)
 
 
 class InteractiveRequest(OpenAIRequest):
@@ -90,9 +95,21 @@ class Session:
     model: str
     messages: list[dict[str, str]] = field(default_factory=list)
     tokens: int = 0  # the conversation so far, as the model sees it
-    task: asyncio.Task[Any] | None = None  # the request in flight, which `cancel` stops
-    cancelled: bool = False  # `cancel` came for the request in flight
-    streaming: bool = False  # the request in flight is streamed
+
+    def encoded(self) -> bytes:
+        return orjson.dumps(asdict(self))
+
+    @classmethod
+    def decoded(cls, value: bytes) -> Session:
+        return cls(**orjson.loads(value))
+
+
+@dataclass(frozen=True)
+class Sessions:
+    """The sessions and the cancel requests for their turns in flight, in the shared state store."""
+
+    conversations: Space
+    cancels: Space
 
 
 class TurnCancelled(Exception):
@@ -104,22 +121,23 @@ def ends_session(body: InteractiveRequest) -> bool:
     return not body.interactive_mode and body.prompt == ""
 
 
-def session_for(body: InteractiveRequest, sessions: BoundedStore[Session], model: str, max_tokens: int
-                ) -> tuple[int, Session]:
+async def session_for(body: InteractiveRequest, sessions: Sessions, model: str, max_tokens: int
+                      ) -> tuple[int, Session]:
     """The request's session (a new one for an unknown id or -1), within the limits; ending a session
     is always allowed."""
-    session_id = next(_new_ids) if body.session_id == -1 else body.session_id
-    session = sessions.get(str(session_id))
+    session_id = NEW_IDS_FROM + secrets.randbelow(1 << 50) if body.session_id == -1 else body.session_id
+    stored = await sessions.conversations.get(str(session_id))
     if ends_session(body):
-        return session_id, session or Session(model)
-    if session is None:
-        if sessions.full():
-            raise OpenAIError(429, f"Too many interactive sessions (at most {sessions.max_entries}); end one with "
+        return session_id, Session.decoded(stored) if stored else Session(model)
+    if stored is None:
+        stored = await sessions.conversations.add(str(session_id), Session(model).encoded())
+        if stored is None:
+            limit = sessions.conversations.limits.max_entries
+            raise OpenAIError(429, f"Too many interactive sessions (at most {limit}); end one with "
                                    "`interactive_mode: false`, or wait for idle ones to expire.", "session_id",
                               "too_many_sessions")
-        session = Session(model)
-        sessions.put(str(session_id), session)  # from now on `cancel` finds it
-    elif session.model != model:
+    session = Session.decoded(stored)
+    if session.model != model:
         raise ParamError(f"Session {session_id} is a conversation with `{session.model}`, not `{model}`.", "model")
     if session.tokens >= max_tokens:
         raise ParamError(f"Session {session_id} holds {session.tokens} tokens, its budget is "
@@ -128,15 +146,11 @@ def session_for(body: InteractiveRequest, sessions: BoundedStore[Session], model
     return session_id, session
 
 
-def cancel(body: InteractiveRequest, sessions: BoundedStore[Session]) -> dict[str, Any]:
+async def cancel(body: InteractiveRequest, sessions: Sessions) -> dict[str, Any]:
     """Stop the session's request in flight (its turn is not added to the session)."""
     if body.session_id == -1:
         raise ParamError("Set the `session_id` whose request to cancel.", "session_id")
-    session = sessions.get(str(body.session_id))
-    if session is not None and session.task is not None:
-        session.cancelled = True
-        if not session.streaming:  # a stream notices at its next piece of text
-            session.task.cancel()
+    await sessions.cancels.put(str(body.session_id), b"cancel")
     return answer("", body.session_id)
 
 
@@ -156,36 +170,65 @@ def answer(text: str, session_id: int, finish_reason: str | None = "stop", token
 
 
 class Turn:
-    """One request of a session: its answer, whole or as lines, and the session afterwards."""
+    """One request of a session: its answer, whole or as lines, and the session afterwards (`persist`).
+    From `begin` to `close` it watches for a `cancel`: a streamed turn stops at its next piece of text, any
+    other is cancelled at once."""
 
     object = "interactive"
     prefix = "interactive"
 
-    def __init__(self, body: InteractiveRequest, session_id: int, session: Session,
-                 sessions: BoundedStore[Session]) -> None:
+    def __init__(self, body: InteractiveRequest, session_id: int, session: Session, sessions: Sessions) -> None:
         self.body = body
         self.session_id = session_id
+        self.key = str(session_id)
         self.session = session
         self.sessions = sessions
         self.history_tokens = session.tokens
+        self.exchange: list[dict[str, str]] = []  # what the finished turn adds to the session
+        self.added_tokens = 0
+        self.cancelled = False
+        self._watcher: asyncio.Task[None] | None = None
 
-    def begin(self) -> None:
-        self.session.task = asyncio.current_task()
-        self.session.cancelled = False
-        self.session.streaming = self.body.stream
+    async def begin(self) -> None:
+        await self.sessions.cancels.delete(self.key)  # a cancel that came before this turn is not for it
+        self._watcher = asyncio.create_task(self._watch(asyncio.current_task()))
+
+    async def _watch(self, task: asyncio.Task[Any] | None) -> None:
+        while True:
+            await asyncio.sleep(CANCEL_POLL_S)
+            with contextlib.suppress(StoreUnavailable):  # the turn itself reports a store that went away
+                if await self.sessions.cancels.get(self.key) is not None:
+                    break
+        self.cancelled = True
+        if not self.body.stream and task is not None:
+            task.cancel()
+
+    def close(self) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
 
     def finished(self, text: str, finish_reason: str, usage: common_pb2.Usage) -> dict[str, Any]:
-        """The last answer; the session keeps the exchange, or ends."""
-        key = str(self.session_id)
-        self.session.task = None
-        if self.body.interactive_mode:
-            self.session.messages += [*self.body.messages, {"role": "assistant", "content": text}]
-            self.session.tokens = usage.prompt_tokens + usage.completion_tokens
-            self.sessions.put(key, self.session)
-        else:
-            self.sessions.pop(key)
+        """The last answer; `persist` then adds the exchange to the session, or ends it."""
+        self.exchange = [*self.body.messages, {"role": "assistant", "content": text}]
+        self.added_tokens = usage.prompt_tokens + usage.completion_tokens - self.history_tokens
         return answer(text, self.session_id, finish_reason, usage.completion_tokens,
                       max(usage.prompt_tokens - self.history_tokens, 0), self.history_tokens)
+
+    async def persist(self) -> None:
+        if self.body.interactive_mode:
+            await self.sessions.conversations.update(self.key, self._with_exchange)
+        else:
+            await self.sessions.conversations.delete(self.key)
+
+    def _with_exchange(self, stored: bytes | None) -> bytes | None:
+        """The stored session with this turn's exchange at its end (as it is now: another turn may have
+        added its own since this one began). A session ended meanwhile stays ended."""
+        if stored is None:
+            return None
+        session = Session.decoded(stored)
+        session.messages += self.exchange
+        session.tokens += self.added_tokens
+        return session.encoded()
 
     def response(self, head: dict[str, Any], choices: list[Collected], usage: common_pb2.Usage) -> dict[str, Any]:
         return self.finished(choices[0].text, choices[0].finish_reason, usage)
@@ -213,7 +256,7 @@ class TurnLines:
         return ()
 
     def delta(self, delta: llm_pb2.Delta) -> Iterable[bytes]:
-        if self.turn.session.cancelled:
+        if self.turn.cancelled:
             raise TurnCancelled
         self.parts.append(delta.text)
         yield _line(answer(delta.text, self.turn.session_id, None, len(self.parts), self.input_tokens,
@@ -228,21 +271,23 @@ class TurnLines:
         yield _line({**last, "text": ""})  # the text came line by line
 
 
-async def _lines_or_error(lines: AsyncIterator[bytes], session_id: int) -> AsyncIterator[bytes]:
+async def _lines_or_error(lines: AsyncIterator[bytes], turn: Turn) -> AsyncIterator[bytes]:
     try:
         async for line in lines:
             yield line
     except TurnCancelled:
-        yield _line(answer("", session_id))
+        yield _line(answer("", turn.session_id))
     except Exception as exc:  # after the status went out: the error is the last line
         error = as_openai_error(exc)
-        yield _line({**answer("", session_id, "error"), **error.body()})
+        yield _line({**answer("", turn.session_id, "error"), **error.body()})
+    finally:
+        turn.close()
 
 
-def json_lines(session_id: int) -> Any:
+def json_lines(turn: Turn) -> Any:
     """The `respond` of the generation path for a streamed turn: JSON lines, as LMDeploy writes them."""
 
     def respond(lines: AsyncIterator[bytes], keepalive_s: float) -> Response:
-        return StreamingResponse(_lines_or_error(lines, session_id), media_type="application/x-ndjson")
+        return StreamingResponse(_lines_or_error(lines, turn), media_type="application/x-ndjson")
 
     return respond

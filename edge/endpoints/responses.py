@@ -8,7 +8,7 @@ applies unchanged. The answer is collected or streamed by the one generation pat
 shaped here: a `message` output item for the text and a `function_call` item per tool call,
 `ResponseRecorder.response` for a whole Response, `ResponseEvents` for the stream
 (`response.created` ... `response.completed`). A Response with `store` (the default) is kept, with the
-conversation that led to it, in the edge's `BoundedStore`.
+conversation that led to it, in the state store that every edge process shares (edge/state/).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from edge.endpoints.common import UINT32_MAX, OpenAIRequest, ParamError, Respons
 from edge.endpoints.llm_common import Collected, Temperature, TopP
 from edge.endpoints.response_input import Message, input_messages
 from edge.errors import OpenAIError, bad_request
-from edge.store import BoundedStore
+from edge.state import Space
 from tritongate.common.v1 import common_pb2
 from tritongate.llm.v1 import llm_pb2
 
@@ -126,15 +126,28 @@ class Stored:
     response: dict[str, Any]
     conversation: list[Message]
 
+    def encoded(self) -> bytes:
+        return orjson.dumps({"response": self.response, "conversation": self.conversation})
 
-def history(body: ResponseRequest, store: BoundedStore[Stored]) -> list[Message]:
+    @classmethod
+    def decoded(cls, value: bytes) -> Stored:
+        fields = orjson.loads(value)
+        return cls(fields["response"], fields["conversation"])
+
+
+async def stored(store: Space, response_id: str) -> Stored | None:
+    value = await store.get(response_id)
+    return None if value is None else Stored.decoded(value)
+
+
+async def history(body: ResponseRequest, store: Space) -> list[Message]:
     if body.previous_response_id is None:
         return []
-    stored = store.get(body.previous_response_id)
-    if stored is None:
+    previous = await stored(store, body.previous_response_id)
+    if previous is None:
         raise bad_request(f"Previous response with id '{body.previous_response_id}' not found.",
                           "previous_response_id", "previous_response_not_found")
-    return stored.conversation
+    return previous.conversation
 
 
 def not_found(response_id: str) -> OpenAIError:
@@ -193,15 +206,17 @@ def assistant_message(output: list[dict[str, Any]]) -> Message:
 
 
 class ResponseRecorder:
-    """Builds the Response of one request (whole, or as stream events with `events`) and stores it."""
+    """Builds the Response of one request (whole, or as stream events with `events`) and stores it
+    (`persist`, before the client sees it finished)."""
 
     object = "response"
     prefix = "resp"
 
-    def __init__(self, body: ResponseRequest, conversation: list[Message], store: BoundedStore[Stored]) -> None:
+    def __init__(self, body: ResponseRequest, conversation: list[Message], store: Space) -> None:
         self.body = body
         self.conversation = [*conversation, *body.messages]
         self.store = store
+        self.finished_response: Stored | None = None  # to store, once finished
 
     def snapshot(self, head: dict[str, Any], status: str, output: list[dict[str, Any]],
                  usage: dict[str, Any] | None) -> dict[str, Any]:
@@ -229,8 +244,12 @@ class ResponseRecorder:
         response = self.snapshot(head, status, output, _usage(usage))
         response["completed_at"] = int(time.time()) if status == "completed" else None
         if self.body.store is not False:
-            self.store.put(response["id"], Stored(response, [*self.conversation, assistant_message(output)]))
+            self.finished_response = Stored(response, [*self.conversation, assistant_message(output)])
         return response
+
+    async def persist(self) -> None:
+        if self.finished_response is not None:
+            await self.store.put(self.finished_response.response["id"], self.finished_response.encoded())
 
     def response(self, head: dict[str, Any], choices: list[Collected], usage: common_pb2.Usage) -> dict[str, Any]:
         """The whole Response (the collecting side of the generation path)."""

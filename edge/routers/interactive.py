@@ -33,23 +33,30 @@ def _json(payload: dict[str, object]) -> Response:
 async def chat_interactive(body: interactive.InteractiveRequest, request: Request, llm: LlmDep,
                            sessions: SessionsDep, settings: SettingsDep) -> Response:
     if body.cancel:
-        return _json(interactive.cancel(body, sessions))
+        return _json(await interactive.cancel(body, sessions))
     model = body.model or await _single_llm(llm)
-    session_id, session = interactive.session_for(body, sessions, model, settings.interactive_max_session_tokens)
+    session_id, session = await interactive.session_for(body, sessions, model,
+                                                        settings.interactive_max_session_tokens)
     if interactive.ends_session(body):
-        sessions.pop(str(session_id))
+        await sessions.conversations.delete(str(session_id))
         return _json(interactive.answer("", session_id, history_tokens=session.tokens))
     proto = chat.to_proto(interactive.to_chat(body, session))
     turn = interactive.Turn(body, session_id, session, sessions)
-    turn.begin()
+    await turn.begin()
     try:
         with chat_params_renamed(interactive.INTERACTIVE_PARAM):
-            return await run(request, llm, proto, turn, stream=body.stream, keepalive_s=settings.sse_keepalive_s,
-                             framing=turn.lines, respond=interactive.json_lines(session_id))
+            response = await run(request, llm, proto, turn, stream=body.stream, keepalive_s=settings.sse_keepalive_s,
+                                 framing=turn.lines, respond=interactive.json_lines(turn), persist=turn.persist)
     except asyncio.CancelledError:
+        turn.close()
         task = asyncio.current_task()
-        if not session.cancelled or task is None:
+        if not turn.cancelled or task is None:
             raise  # the client went away
         task.uncancel()
-        session.task = None
         return _json(interactive.answer("", session_id, history_tokens=session.tokens))
+    except BaseException:
+        turn.close()
+        raise
+    if not body.stream:  # a stream's lines close the turn when they end
+        turn.close()
+    return response

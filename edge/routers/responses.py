@@ -16,17 +16,17 @@ router = api_router(tags=["responses"])
 @router.post("/v1/responses", responses=ok_or_stream(responses.Response, responses.ResponseStreamEvent))
 async def create_response(body: responses.ResponseRequest, request: Request, llm: LlmDep, store: ResponseStoreDep,
                           settings: SettingsDep) -> Response:
-    conversation = responses.history(body, store)
+    conversation = await responses.history(body, store)
     proto = chat.to_proto(responses.to_chat(body, conversation))
     recorder = responses.ResponseRecorder(body, conversation, store)
     with chat_params_renamed(responses.RESPONSES_PARAM):
         return await run(request, llm, proto, recorder, stream=bool(body.stream),
-                         keepalive_s=settings.sse_keepalive_s, framing=recorder.events)
+                         keepalive_s=settings.sse_keepalive_s, framing=recorder.events, persist=recorder.persist)
 
 
 @router.get("/v1/responses/{response_id}", responses=ok(responses.Response))
 async def retrieve_response(response_id: str, store: ResponseStoreDep) -> Response:
-    stored = store.get(response_id)
+    stored = await responses.stored(store, response_id)
     if stored is None:
         raise responses.not_found(response_id)
     return Response(responses.encoded(stored.response), media_type="application/json")

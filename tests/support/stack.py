@@ -6,13 +6,15 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import uuid
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from launcher.stack import ALL_DEMO_LLMS_CONFIG, DEMO_LLM_REPOSITORY
 from tests.support.backends import ECHO_MODELS, echo_variants
 from tests.support.ports import free_port
 from tritongate.registry import NAMES, SERVICES
-from tritongate.settings import DEPLOY_DIR, Settings
+from tritongate.settings import DEPLOY_DIR, Settings, default_state_url
 
 TESTS = Path(__file__).resolve().parents[1]
 # The test Triton serves the demo models, the demo LLM behind each Triton LLM interface (what
@@ -49,9 +51,17 @@ def write_model_config(triton_grpc_url: str, directory: Path) -> Path:
     return path
 
 
+def private_state_url() -> str:
+    """A shared-state store of its own for one stack: a new SQLite file beside the default one."""
+    default = Path(urlsplit(default_state_url()).path)
+    return f"sqlite://{default.with_name(f'edge-state-{uuid.uuid4().hex}.sqlite3')}"
+
+
 def stack_settings(config_file: Path, **overrides: object) -> Settings:
-    """Settings for a stack on free loopback ports (the edge's and every service's)."""
+    """Settings for a stack on free loopback ports (the edge's and every service's), with a state store
+    of its own."""
     ports = {f"{name}_port": free_port() for name in ("edge", *NAMES)}
+    overrides.setdefault("state_url", private_state_url())
     return Settings(config_file=config_file, max_body_bytes=BODY_LIMIT, **ports, **overrides)  # type: ignore[arg-type]
 
 

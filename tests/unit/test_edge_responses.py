@@ -12,7 +12,8 @@ from edge.endpoints.common import ParamError
 from edge.endpoints.llm_common import Collected
 from edge.endpoints.response_input import input_messages
 from edge.endpoints.responses import ResponseRecorder, ResponseRequest, Stored
-from edge.store import BoundedStore
+from edge.state import Limits, Space
+from edge.state.memory import MemoryStore
 from tests.support.openai_schema import validate
 from tritongate.common.v1 import common_pb2
 from tritongate.llm.v1 import llm_pb2
@@ -28,13 +29,13 @@ DELTAS = [
 ]
 
 
-def recorder() -> tuple[ResponseRecorder, BoundedStore[Stored]]:
-    store: BoundedStore[Stored] = BoundedStore(10, 60)
+def recorder() -> tuple[ResponseRecorder, Space]:
+    store = MemoryStore().space("responses", Limits(10, 60))
     return ResponseRecorder(ResponseRequest.model_validate(
         {"model": "m", "input": "weather?", "tools": [{"type": "function", "name": "weather"}]}), [], store), store
 
 
-def test_a_whole_answer_is_the_message_then_each_call() -> None:
+async def test_a_whole_answer_is_the_message_then_each_call_and_is_stored() -> None:
     choice = Collected()
     for delta in DELTAS:
         choice.add(delta)
@@ -46,7 +47,11 @@ def test_a_whole_answer_is_the_message_then_each_call() -> None:
     assert [(c["call_id"], c["name"], c["arguments"]) for c in calls] == [
         ("call_a", "weather", '{"city": "Paris"}'), ("call_b", "time", "{}")]
     assert all(c["id"].startswith("fc_") and c["status"] == "completed" for c in calls)
-    assert store.get("resp-1").conversation[-1] == {  # type: ignore[union-attr]
+    assert await store.get("resp-1") is None  # stored once persisted, before the client sees it
+    await record.persist()
+    stored = await store.get("resp-1")
+    assert stored is not None and Stored.decoded(stored).response == response
+    assert Stored.decoded(stored).conversation[-1] == {
         "role": "assistant", "content": "Let me look.", "tool_calls": [
             {"id": "call_a", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Paris"}'}},
             {"id": "call_b", "type": "function", "function": {"name": "time", "arguments": "{}"}}]}
