@@ -4,13 +4,16 @@ Each component runs as its own process (`python -m launcher.cli <component>`), e
 deployment. `LocalStack` starts them in order and stops them in reverse; the tests and benchmarks use it
 too, on free ports. It starts one process for each service of tritongate/registry.py whose section of the
 model configuration has entries.
+
+Its processes are supervised (launcher/supervisor.py) but restarted only on request: `run_stack` (that is,
+`tritongate up`) heals the stack until it is stopped, so a process that dies comes back while the others
+serve; a stack that the tests start leaves a killed process dead unless the test heals it.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -20,7 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from launcher.healthcheck import probe
-from launcher.workers import METRICS_DIR_ENV, REPLICA_PORT_STEP, replica_ports, replicas_target
+from launcher.supervisor import Process, Supervisor
+from launcher.workers import METRICS_DIR_ENV, REPLICA_PORT_STEP, forget_worker_metrics, replica_ports, replicas_target
 from tritongate.config import ModelConfig, load_model_config
 from tritongate.registry import SERVICES, ServiceInfo
 from tritongate.settings import DEPLOY_DIR, Settings, env_var, port_field, target_field
@@ -42,6 +46,7 @@ DEFAULT_CONFIG = DEPLOY_DIR / "model_config.json"
 DEFAULT_TRITON_GRPC_PORT = Settings.model_fields["triton_grpc_port"].default  # what the demo configurations name
 # The demo configuration with all four demo LLMs; `--demo-llm` keeps the chosen ones.
 ALL_DEMO_LLMS_CONFIG = DEPLOY_DIR / "model_config.all.json"
+TRITON = "triton"  # the stack's own Triton among its supervised processes
 
 
 def parse_demo_llms(values: Iterable[str]) -> tuple[str, ...]:
@@ -128,9 +133,14 @@ class LocalStack:
     metrics_ports: dict[str, int] = field(default_factory=dict)  # per service; else settings.metrics_port
     load_models: list[str] | None = None  # only these Triton models (explicit model control); None: all
     processes: dict[str, int] = field(default_factory=dict)  # edge workers, replicas per service; else 1
-    children: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
+    supervisor: Supervisor = field(default_factory=Supervisor)  # restarts a process only in `heal()`
     own_triton: bool = False
     _metrics_dir: tempfile.TemporaryDirectory[str] | None = None  # shared by the edge workers
+
+    @property
+    def children(self) -> list[tuple[str, Process]]:
+        """The services' and the edge's processes by label (after a restart, the new process)."""
+        return [(child.name, child.process) for child in self.supervisor.children if child.name != TRITON]
 
     @property
     def edge_url(self) -> str:
@@ -158,6 +168,7 @@ class LocalStack:
             **{env_var(port_field(service)): s.port(service) for service in SERVICES},
             **{env_var(target_field(service)): self.service_address(service) for service in SERVICES},
             "TRITONGATE_METRICS_REQUIRE_KEY": str(s.metrics_require_key).lower(),
+            "TRITONGATE_STATE_URL": s.state_url,  # one store for every edge worker
         }
         optional = {  # only when set, so that an unset one does not become the string "None"
             "TRITONGATE_API_KEY": s.api_key.get_secret_value() if s.api_key else None,
@@ -168,20 +179,22 @@ class LocalStack:
         values.update({key: value for key, value in optional.items() if value is not None})
         return dict(os.environ, **{k: str(v) for k, v in values.items()}, **self.extra_env)
 
-    def spawn(self, name: str, *args: str, label: str = "", env: dict[str, str] | None = None
-              ) -> subprocess.Popen[bytes]:
-        """`tritongate <name> <args>` as a child process; `label` names it in `children` and its log file."""
+    def spawn(self, name: str, *args: str, label: str = "", env: dict[str, str] | None = None,
+              after_exit: Callable[[Process], str] | None = None) -> Process:
+        """`tritongate <name> <args>` as a supervised child process; `label` names it in `children` and its
+        log file (a restart appends to it); `after_exit` cleans up after it exits."""
         label = label or name
         command = [sys.executable, "-m", "launcher.cli", name, *args]
         env = {**self.env(), **(env or {})}
-        if self.log_dir is None:
-            process = subprocess.Popen(command, env=env)
-        else:
+
+        def start() -> Process:
+            if self.log_dir is None:
+                return subprocess.Popen(command, env=env)
             self.log_dir.mkdir(parents=True, exist_ok=True)
             with open(self.log_dir / f"{label}.log", "ab") as log:
-                process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
-        self.children.append((label, process))
-        return process
+                return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+        return self.supervisor.add(label, start, after_exit)
 
     def _spawn_edge(self, flags: tuple[str, ...]) -> None:
         """The edge: one process, or workers sharing the port and a metrics directory (launcher/workers.py)."""
@@ -193,7 +206,8 @@ class LocalStack:
         self._metrics_dir = tempfile.TemporaryDirectory(prefix="tritongate-edge-metrics-")
         for i in range(workers):
             self.spawn("edge", *args, "--workers", "1", "--shared-port", label=f"edge-{i + 1}",
-                       env={METRICS_DIR_ENV: self._metrics_dir.name})
+                       env={METRICS_DIR_ENV: self._metrics_dir.name},
+                       after_exit=forget_worker_metrics(self._metrics_dir.name))
 
     def _spawn_service(self, service: ServiceInfo, flags: tuple[str, ...]) -> None:
         metrics_port = self.metrics_ports.get(service.name)
@@ -210,6 +224,39 @@ class LocalStack:
         if self.triton and self.triton.process.poll() is not None:
             return f"Triton exited: {self.triton.last_error()}"
         return None
+
+    def _start_triton(self) -> TritonProcess:
+        """The stack's own Triton, supervised: a restart starts it again on the same ports (the services
+        see it ready again by themselves) and logs to a file of its own (tritonserver.1.log, ...)."""
+        s = self.settings
+        logs: list[Path] = []  # the first start's, then each restart's
+
+        def start() -> Process:
+            first = self.log_dir / "tritonserver.log" if self.log_dir else None
+            log_path = logs[0].with_suffix(f".{len(logs)}.log") if logs else first
+            fresh = start_triton(
+                repositories=[*s.triton_model_repository, *self.extra_repositories], models_dir=s.models_dir,
+                cache_dir=s.cache_dir, http_port=s.triton_http_port, grpc_port=s.triton_grpc_port,
+                metrics_port=s.triton_metrics_port, extra_env=self.extra_env, load_models=self.load_models,
+                log_path=log_path)
+            logs.append(fresh.log_path)
+            if self.triton is None:
+                self.triton = fresh
+            else:  # the same object, so that whoever holds it sees the new process
+                self.triton.process, self.triton.log_path = fresh.process, fresh.log_path
+            return fresh.process
+
+        def exited(process: Process) -> str:
+            assert self.triton is not None
+            self.triton.kill()  # its Python-backend stubs (its process group) go with it
+            log = f"log: {self.triton.log_path}"
+            if process.returncode < 0:  # killed: the log's last error says nothing about why
+                return log
+            return f"{self.triton.last_error()} ({log})"
+
+        self.supervisor.add(TRITON, start, exited)
+        assert self.triton is not None
+        return self.triton
 
     def wait(self, what: str, check: Callable[[], bool], timeout: float,
              cancelled: Callable[[], bool] = lambda: False) -> None:
@@ -235,13 +282,7 @@ class LocalStack:
         tls = client_tls(s)
         if self.triton is None:
             self.own_triton = True
-            self.triton = start_triton(
-                repositories=[*s.triton_model_repository, *self.extra_repositories], models_dir=s.models_dir,
-                cache_dir=s.cache_dir, http_port=s.triton_http_port, grpc_port=s.triton_grpc_port,
-                metrics_port=s.triton_metrics_port, extra_env=self.extra_env, load_models=self.load_models,
-                log_path=self.log_dir / "tritonserver.log" if self.log_dir else None,
-            )
-            self.triton.wait_ready(s.triton_start_timeout_s, cancelled)
+            self._start_triton().wait_ready(s.triton_start_timeout_s, cancelled)
         services = needed_services(config)
         for service in services:
             self._spawn_service(service, flags)
@@ -267,18 +308,10 @@ class LocalStack:
         self.stop()
 
     def stop(self) -> None:
-        """SIGTERM in reverse order (edge first), wait for the drain, then stop Triton."""
-        for _, process in reversed(self.children):
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + self.settings.shutdown_grace_s + 5
-        for _, process in reversed(self.children):
-            try:
-                process.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-        self.children.clear()
+        """SIGTERM in reverse order (edge first), wait for the drain, then stop Triton. A restart that
+        waits for its delay is dropped."""
+        self.supervisor.release(TRITON)  # stopped last, its own way (its stubs, their shared memory)
+        self.supervisor.stop(self.settings.shutdown_grace_s + 5)
         if self._metrics_dir is not None:
             self._metrics_dir.cleanup()
             self._metrics_dir = None
@@ -310,11 +343,7 @@ def run_stack(settings: Settings, fetch: bool = True, demo_llms: tuple[str, ...]
             from edge.auth import load_api_keys
 
             _announce(stack.edge_url, config, keyed=bool(load_api_keys(settings)))
-        while not stopping():
-            failure = stack.failed_child()
-            if failure:
-                raise TritonError(failure)
-            time.sleep(0.5)
+        stack.supervisor.watch(stopping)  # a process that exits is restarted; CannotStart ends it
         say("stopping")
         return 0
     finally:

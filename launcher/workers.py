@@ -6,18 +6,21 @@ machine's cores call for; `--workers 1` is one process per component. Edge worke
 directory (each worker's /metrics reports the sum of all). Service replicas listen on ports
 REPLICA_PORT_STEP apart, and the edge's channel balances over them (round_robin over an `ipv4:` list of
 addresses), as it does over the replicas a DNS name resolves to in a deployment.
+
+A worker that exits is restarted (launcher/supervisor.py), and its gauges leave the shared metrics.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import os
-import signal
 import socket
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 
+from launcher.supervisor import Process, Supervisor
 from tritongate.settings import auto_workers
 
 AUTO = "auto"
@@ -69,35 +72,35 @@ def shared_port_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def run_edge_workers(argv: list[str], workers: int) -> int:
-    """`tritongate edge --workers N`: N edge processes on one port, stopped together; returns the exit
-    code (the first failure's, if one fails)."""
+def forget_worker_metrics(metrics_dir: str) -> Callable[[Process], str]:
+    """What to do after an edge worker exits: its live gauges (requests in progress) leave the metrics
+    that the other workers report."""
     from prometheus_client import multiprocess
+
+    def forget(process: Process) -> str:
+        multiprocess.mark_process_dead(process.pid, metrics_dir)
+        return ""
+
+    return forget
+
+
+def run_edge_workers(argv: list[str], workers: int, grace_s: float) -> int:
+    """`tritongate edge --workers N`: N edge processes on one port, a worker that exits restarted, all
+    stopped together on SIGINT or SIGTERM (returns 0 then; each drains for up to `grace_s`). A worker that
+    cannot start raises CannotStart."""
+    from tritongate.triton_local import stop_on_signals
 
     with tempfile.TemporaryDirectory(prefix="tritongate-edge-metrics-") as metrics_dir:
         env = dict(os.environ)
         env.setdefault(METRICS_DIR_ENV, metrics_dir)
         command = [sys.executable, "-m", "launcher.cli", *argv, "--workers", "1", "--shared-port"]
-        children = [subprocess.Popen(command, env=env) for _ in range(workers)]
-
-        def stop(*_: object) -> None:
-            for child in children:
-                if child.poll() is None:
-                    child.send_signal(signal.SIGTERM)
-
-        signal.signal(signal.SIGTERM, stop)
-        signal.signal(signal.SIGINT, stop)
-        code = 0
-        remaining = list(children)
-        while remaining:
-            pid, status = os.wait()
-            child = next((c for c in remaining if c.pid == pid), None)
-            if child is None:
-                continue
-            remaining.remove(child)
-            multiprocess.mark_process_dead(pid, env[METRICS_DIR_ENV])  # its in-progress gauge drops out
-            child.returncode = os.waitstatus_to_exitcode(status)
-            if child.returncode != 0 and code == 0:
-                code = child.returncode
-                stop()  # one worker failed: stop the others rather than serve on fewer unnoticed
-        return code
+        supervisor = Supervisor()
+        stopping = stop_on_signals()
+        try:
+            for i in range(workers):
+                supervisor.add(f"edge-{i + 1}", lambda: subprocess.Popen(command, env=env),
+                               forget_worker_metrics(env[METRICS_DIR_ENV]))
+            supervisor.watch(stopping)
+        finally:
+            supervisor.stop(grace_s + 5)
+        return 0

@@ -116,12 +116,24 @@ class TritonProcess:
         raise TritonError(f"tritonserver was not ready after {timeout:.0f} s: {self.last_error()} "
                           f"(log: {self.log_path})")
 
+    def _group(self) -> list[int]:
+        """The processes of Triton's group: Triton and its Python-backend stubs (which outlive a Triton
+        that was killed, until the group is)."""
+        pids = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                if int(stat.read_text().rsplit(")", 1)[1].split()[2]) == self.process.pid:
+                    pids.append(int(stat.parent.name))
+        return pids
+
     def _shm_regions(self) -> set[Path]:
-        """The Python backend's shared-memory files this Triton maps (its stubs share them)."""
-        with contextlib.suppress(OSError):
-            maps = Path(f"/proc/{self.process.pid}/maps").read_text().splitlines()
-            return {Path(line.split()[-1]) for line in maps if "/dev/shm/triton_python_backend" in line}
-        return set()
+        """The Python backend's shared-memory files that Triton and its stubs map (they share them)."""
+        regions = set()
+        for pid in self._group():
+            with contextlib.suppress(OSError):
+                maps = Path(f"/proc/{pid}/maps").read_text().splitlines()
+                regions |= {Path(line.split()[-1]) for line in maps if "/dev/shm/triton_python_backend" in line}
+        return regions
 
     def stop(self, timeout: float = 30.0) -> None:
         """SIGTERM lets Triton unload models and stop its Python stubs; then the group is killed."""
@@ -132,7 +144,7 @@ class TritonProcess:
         self._end(signal.SIGKILL, 0)
 
     def _end(self, sig: signal.Signals, timeout: float) -> None:
-        regions = self._shm_regions() if self.process.poll() is None else set()
+        regions = self._shm_regions()  # a crashed Triton's stubs still map them
         if self.process.poll() is None:
             self.process.send_signal(sig)
             with contextlib.suppress(subprocess.TimeoutExpired):
