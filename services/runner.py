@@ -36,7 +36,7 @@ async def run_service(name: ServiceInfo | str, settings: Settings) -> None:
         raise ConfigError(f"{settings.config_file}: the `{service.section}` section is empty; "
                           f"nothing for the {service.name} service to serve")
     credentials = server_credentials(settings)  # before anything starts: a bad path fails fast
-    triton = Triton(settings.triton_timeout_s)
+    triton = Triton(settings.triton_timeout_s, settings.triton_dns_refresh_s)
     spec = build_service(service, config, triton)
     if settings.metrics_port:
         serve_metrics(settings.service_host, settings.metrics_port)

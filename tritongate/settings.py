@@ -122,6 +122,9 @@ class Settings(BaseSettings):
     max_connection_age_ms: int = 30_000
     shutdown_grace_s: float = 30.0
     triton_timeout_s: float = 60.0
+    # How often the services look up again the DNS names of their models' Triton addresses (`dns:///host:port`),
+    # so that Triton pods that come and go are found (services/common/endpoints.py).
+    triton_dns_refresh_s: float = Field(5.0, gt=0)
     # Inference RPCs one service process works on at once; more are refused (RESOURCE_EXHAUSTED → 429).
     max_in_flight: int = Field(256, gt=0)
     # Prometheus metrics of a service over HTTP on service_host:metrics_port; 0 = off.

@@ -178,6 +178,7 @@ class EncoderModel(ServedModel):
         self.inputs: dict[str, tuple[str, Any]] = {}  # our name → (Triton name, numpy dtype)
         self.output_name = ""
         self.output_dims: list[int] = []
+        self.instances = 1  # of the Triton model on each endpoint
         self.post: PostProcess = lambda output, mask: output
         self.batcher = Batcher(self._infer, self.batch_size, entry.max_concurrent_batches, entry.name)
 
@@ -198,7 +199,13 @@ class EncoderModel(ServedModel):
         self.output_dims = [int(d) for d in outputs.get(self.output_name, {}).get("dims", [])]
         self.batch_size = self.entry.max_batch_size or int(triton_config.get("max_batch_size") or 0) or 1
         self.batcher.batch_size = self.batch_size
-        self.batcher.instances = instance_count(triton_config)
+        self.instances = instance_count(triton_config)
+
+    async def refresh(self) -> bool:
+        ready = await super().refresh()
+        # Each Triton call runs on one instance of one endpoint: the batcher spreads rows over them all.
+        self.batcher.instances = self.instances * max(1, len(self.endpoints.ready()))
+        return ready
 
     def configured_output(self) -> str | None:
         raise NotImplementedError
@@ -245,7 +252,7 @@ class EncoderModel(ServedModel):
     async def _infer(self, rows: list[Row]) -> np.ndarray:
         """One Triton call for rows of possibly many requests, post-processed to one row per input."""
         tensors, mask = self._tensors(rows)
-        result = await self.triton.infer(self.url, self.triton_name, tensors, [self.output_name],
+        result = await self.triton.infer(self.endpoints, self.triton_name, tensors, [self.output_name],
                                          request_id=REQUEST_ID.get())  # the batch's ids (see Batcher)
         return self.post(result[self.output_name], mask)
 

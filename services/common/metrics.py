@@ -4,8 +4,8 @@ The interceptor is THE one place a service reads the request id: it takes it fro
 (tritongate.wire.REQUEST_ID_KEY, the only carrier) and binds it (tritongate.logs.REQUEST_ID) for the
 handler's log lines and Triton calls; everything else reads `REQUEST_ID.get()`. It also counts RPCs
 started, handled (by status code), in flight, and their latency, under the names go-grpc-prometheus
-made common. Triton calls and encoder batches are measured too. Served over HTTP on
-TRITONGATE_METRICS_PORT (`--metrics-port`; 0 = off)."""
+made common. Triton calls, each model's Triton endpoints and encoder batches are measured too. Served over
+HTTP on TRITONGATE_METRICS_PORT (`--metrics-port`; 0 = off)."""
 
 from __future__ import annotations
 
@@ -35,6 +35,18 @@ TRITON_LATENCY = Histogram("tritongate_triton_request_duration_seconds",
                            "Time of one Triton call (a whole stream for generation), by Triton model and outcome "
                            "(a gRPC status code name).", ("model", "outcome"),
                            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 60, 300))
+# Per Triton endpoint of a model (services/common/endpoints.py), by model id and endpoint address.
+_ENDPOINT = ("model", "endpoint")
+ENDPOINT_CALLS = Counter("tritongate_triton_endpoint_calls_total",
+                         "Triton calls sent to each endpoint of a model (a retry counts again).", _ENDPOINT)
+ENDPOINT_IN_FLIGHT = Gauge("tritongate_triton_endpoint_in_flight",
+                           "Triton calls of a model in flight on each endpoint (a generation until its stream ends).",
+                           _ENDPOINT)
+ENDPOINT_READY = Gauge("tritongate_triton_endpoint_ready",
+                       "1 while an endpoint takes the model's calls (the model ready there), else 0.", _ENDPOINT)
+ENDPOINT_EJECTIONS = Counter("tritongate_triton_endpoint_ejections_total",
+                             "Times an endpoint was taken out of a model's rotation (a call found it unavailable, "
+                             "or its readiness check said no).", _ENDPOINT)
 BATCHED = Counter("tritongate_batched_requests_total",
                   "Requests that arrived together in one batch RPC (EmbedBatch, RerankBatch), by method and "
                   "outcome (a gRPC status code name); each batch RPC counts once in grpc_server_handled_total.",

@@ -18,10 +18,11 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from services.common.admission import Admission, AdmissionInterceptor
+from services.common.endpoints import Endpoints
 from services.common.errors import ServiceError, invalid_argument, model_not_found, rpc
 from services.common.metrics import MetricsInterceptor, handled_by_code, in_flight
 from services.common.tokenize import TokenizerServicer
-from services.common.triton import ReadinessUnknown, Triton
+from services.common.triton import Triton
 from tritongate.common.v1 import common_pb2, tokenizer_pb2, tokenizer_pb2_grpc
 from tritongate.config import TritonModelEntry
 from tritongate.registry import ModelKind, ServiceInfo
@@ -35,11 +36,11 @@ log = logging.getLogger(__name__)
 # Health service name that is SERVING while the process runs, whatever Triton does (liveness probes);
 # "" and the service's own name follow Triton's readiness (readiness probes, load balancers).
 LIVENESS = "liveness"
-UNANSWERED_CHECKS = 3  # readiness checks in a row without an answer that make a ready model not ready
 
 
 class ServedModel:
-    """A configured model backed by a Triton model; subclasses add tokenization and inference."""
+    """A configured model backed by a Triton model on one or more Triton endpoints; subclasses add
+    tokenization and inference."""
 
     kind: ModelKind = common_pb2.MODEL_KIND_UNSPECIFIED  # subclasses: their service's (tritongate/registry.py)
     tokenizer: PreTrainedTokenizerBase  # subclasses load it
@@ -48,11 +49,10 @@ class ServedModel:
         self.entry = entry
         self.name = entry.name
         self.triton = triton
-        self.url = entry.triton_grpc_url
+        self.endpoints = Endpoints(entry.triton_addresses, entry.name, triton.resolve_every_s)
         self.triton_name = entry.triton_name
         self.created = int(time.time())
         self.why_not_ready: str | None = "not checked yet"  # None: ready
-        self.unanswered = 0  # readiness checks in a row that Triton did not answer in time
 
     @property
     def ready(self) -> bool:
@@ -63,25 +63,17 @@ class ServedModel:
                                     triton_model=self.triton_name)
 
     async def refresh(self) -> bool:
-        """Follow the Triton model's readiness; read its configuration each time it becomes ready."""
-        try:
-            why_not = await self.triton.why_not_ready(self.url, self.triton_name)
-            self.unanswered = 0
-        except ReadinessUnknown as exc:
-            # A busy Triton answers late: that alone does not take the model out of service, unless it
-            # goes on (a stuck Triton), as a probe's failure threshold would.
-            self.unanswered += 1
-            if self.ready and self.unanswered < UNANSWERED_CHECKS:
-                log.warning("model %s: Triton gave its readiness check %s (%d in a row); the model stays ready",
-                            self.name, exc, self.unanswered)
-                return True
-            why_not = f"Triton gave its readiness check {exc} ({self.unanswered} in a row)"
+        """Follow the Triton model's readiness on each endpoint: ready while one endpoint has it ready. Read
+        its configuration (from a ready endpoint) each time it becomes ready."""
+        why_not = await self.endpoints.refresh(lambda address: self.triton.why_not_ready(address, self.triton_name))
         ready = why_not is None
         if ready and not self.ready:
-            self.on_ready(await self.triton.model_config(self.url, self.triton_name))
-            log.info("model %s ready (Triton model %s at %s)", self.name, self.triton_name, self.url)
+            address = self.endpoints.ready()[0].address
+            self.on_ready(await self.triton.model_config(address, self.triton_name))
+            log.info("model %s ready (Triton model %s at %s)", self.name, self.triton_name,
+                     ",".join(endpoint.address for endpoint in self.endpoints.ready()))
         elif self.ready and not ready:
-            log.warning("model %s is no longer ready in Triton at %s: %s", self.name, self.url, why_not)
+            log.warning("model %s is no longer ready in Triton at %s: %s", self.name, self.endpoints, why_not)
         self.why_not_ready = why_not
         return ready
 
@@ -89,7 +81,7 @@ class ServedModel:
         """Before serving a request: UNAVAILABLE unless the Triton model is (or has just become) ready."""
         if not self.ready and not await self.refresh():
             raise ServiceError(grpc.StatusCode.UNAVAILABLE,
-                               f"model `{self.name}` is not ready in Triton at {self.url}: {self.why_not_ready}")
+                               f"model `{self.name}` is not ready in Triton at {self.endpoints}: {self.why_not_ready}")
 
     def on_ready(self, triton_config: dict[str, Any]) -> None:
         """Read what the service needs from the Triton model configuration."""

@@ -1,12 +1,14 @@
 """Every call a service makes to Triton goes through here: clients per address, readiness, model
-configuration, unary and streaming inference, and one mapping of Triton failures to gRPC codes."""
+configuration, unary and streaming inference spread over a model's Triton endpoints
+(services/common/endpoints.py), and one mapping of Triton failures to gRPC codes."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Mapping
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from typing import Any
 
 import grpc
@@ -20,6 +22,7 @@ from tritonclient.utils import (
     triton_to_np_dtype,
 )
 
+from services.common.endpoints import DEFAULT_RESOLVE_EVERY_S, Endpoint, Endpoints, ReadinessUnknown
 from services.common.errors import ServiceError
 from services.common.metrics import triton_call
 from tritongate.wire import MAX_MESSAGE_BYTES
@@ -55,10 +58,7 @@ _INSTANCE_DOWN = ("is not healthy", "stub process", "not ready", "unknown model"
 
 
 READINESS_TIMEOUT_S = 2.0
-
-
-class ReadinessUnknown(Exception):
-    """A readiness check that Triton did not answer in time: Triton may be busy or stuck."""
+CLIENT_IDLE_S = 60.0  # a client unused this long is closed: no model has its address any more
 
 
 def triton_error(exc: InferenceServerException, model: str) -> ServiceError:
@@ -97,23 +97,35 @@ def outputs_of(result: InferResult, names: list[str]) -> dict[str, np.ndarray]:
 
 
 class Triton:
-    """One aio client per Triton gRPC address, shared by all models of a service."""
+    """One aio client per Triton gRPC address, shared by all models of a service. Inference goes to the
+    endpoint of the model's `Endpoints` that `pick` chooses; an UNAVAILABLE answer takes that endpoint out
+    of the rotation, and is retried once on another ready endpoint where that is safe (a unary call; a
+    stream before its first response)."""
 
-    def __init__(self, timeout_s: float = 60.0) -> None:
+    def __init__(self, timeout_s: float = 60.0, resolve_every_s: float = DEFAULT_RESOLVE_EVERY_S) -> None:
         self._clients: dict[str, InferenceServerClient] = {}
+        self._used: dict[str, float] = {}  # when each client was last used (monotonic)
         self.timeout_s = timeout_s  # for calls that carry no deadline of their own
+        self.resolve_every_s = resolve_every_s  # how often the models' DNS names are looked up again
         self._unreachable = asyncio.Event()
-        self._failed_models: set[tuple[str, str]] = set()  # (url, model) found unavailable since the last check
 
-    def _failed(self, exc: InferenceServerException, url: str, model: str) -> ServiceError:
-        """The error to raise. One that says Triton or the model is unavailable wakes `wait_unreachable`,
-        and the model's next readiness check reports it not ready (its service goes NOT_SERVING until a
-        later check finds the model ready again)."""
+    def _failed(self, exc: InferenceServerException, endpoints: Endpoints, endpoint: Endpoint,
+                model: str) -> ServiceError:
+        """The error to raise. One that says Triton or the model is unavailable takes the endpoint out of
+        the model's rotation and wakes `wait_unreachable` (the model's readiness is checked again at once)."""
         error = triton_error(exc, model)
         if error.code == grpc.StatusCode.UNAVAILABLE:
-            self._failed_models.add((url, model))
+            endpoints.found_unavailable(endpoint, exc.message() or str(exc))
             self._unreachable.set()
         return error
+
+    def _pick(self, endpoints: Endpoints, model: str) -> Endpoint:
+        endpoint = endpoints.pick()
+        if endpoint is None:
+            self._unreachable.set()
+            raise ServiceError(grpc.StatusCode.UNAVAILABLE,
+                               f"Triton model `{model}` is unavailable: no Triton endpoint has it ready")
+        return endpoint
 
     async def wait_unreachable(self, timeout: float) -> None:
         """Return when an inference call has found Triton (or a model) unavailable, or after `timeout`."""
@@ -121,25 +133,32 @@ class Triton:
             await asyncio.wait_for(self._unreachable.wait(), timeout)
         self._unreachable.clear()
 
-    def client(self, url: str) -> InferenceServerClient:
-        if url not in self._clients:
-            self._clients[url] = InferenceServerClient(url, channel_args=_CHANNEL_ARGS)
-        return self._clients[url]
+    def client(self, address: str) -> InferenceServerClient:
+        if address not in self._clients:
+            self._clients[address] = InferenceServerClient(address, channel_args=_CHANNEL_ARGS)
+        self._used[address] = time.monotonic()
+        return self._clients[address]
+
+    async def _close_idle(self) -> None:
+        """Close the clients of addresses no model has any more (a Triton pod gone from DNS): every address a
+        model has gets a readiness check every few seconds."""
+        idle = [address for address, used in self._used.items() if time.monotonic() - used > CLIENT_IDLE_S]
+        for address in idle:
+            del self._used[address]
+            await self._clients.pop(address).close()
 
     async def close(self) -> None:
         for client in self._clients.values():
             await client.close()
         self._clients.clear()
+        self._used.clear()
 
-    async def why_not_ready(self, url: str, model: str) -> str | None:
-        """None when Triton has the model ready, else why not; ReadinessUnknown when Triton does not answer
-        in time. Not ready once after an inference found the model unavailable (Triton may report a model
-        ready while its crashed instance is being restarted)."""
-        if (url, model) in self._failed_models:
-            self._failed_models.discard((url, model))
-            return "an inference found it unavailable"
+    async def why_not_ready(self, address: str, model: str) -> str | None:
+        """None when Triton at `address` has the model ready, else why not; ReadinessUnknown when Triton does
+        not answer in time."""
+        await self._close_idle()
         try:
-            ready = await self.client(url).is_model_ready(model, client_timeout=READINESS_TIMEOUT_S)
+            ready = await self.client(address).is_model_ready(model, client_timeout=READINESS_TIMEOUT_S)
         except InferenceServerException as exc:
             if exc.status() == str(grpc.StatusCode.DEADLINE_EXCEEDED):
                 raise ReadinessUnknown(f"no answer within {READINESS_TIMEOUT_S:.0f} s") from None
@@ -147,49 +166,97 @@ class Triton:
             return f"Triton did not answer ({exc.status() or 'no status'})"
         return None if ready else "Triton reports it not ready"
 
-    async def model_config(self, url: str, model: str) -> dict[str, Any]:
+    async def model_config(self, address: str, model: str) -> dict[str, Any]:
         try:
-            response = await self.client(url).get_model_config(model, as_json=True, client_timeout=5.0)
+            response = await self.client(address).get_model_config(model, as_json=True, client_timeout=5.0)
         except InferenceServerException as exc:
             raise triton_error(exc, model) from None
         config: dict[str, Any] = response["config"]
         return config
 
+    def _retry_at(self, error: ServiceError, endpoints: Endpoints, endpoint: Endpoint, model: str) -> Endpoint:
+        """Where to try again a call that failed with `error` at `endpoint`: another ready endpoint, when
+        the error says Triton or the model was unavailable there; else `error` is raised."""
+        other = endpoints.pick(avoid=endpoint) if error.code == grpc.StatusCode.UNAVAILABLE else None
+        if other is None:
+            raise error
+        log.info("Triton model %s unavailable at %s; trying %s", model, endpoint.address, other.address)
+        return other
+
     async def infer(
         self,
-        url: str,
+        endpoints: Endpoints,
         model: str,
         inputs: Mapping[str, np.ndarray],
         outputs: list[str],
         timeout: float | None = None,
         request_id: str = "",
     ) -> dict[str, np.ndarray]:
-        """One unary inference; returns the requested outputs as numpy arrays."""
+        """One unary inference on one of the model's endpoints; returns the requested outputs as numpy
+        arrays. Inference has no side effects: found unavailable, it is tried once more on another endpoint."""
+        tensors = [make_input(name, array) for name, array in inputs.items()]
+        requested = [InferRequestedOutput(name) for name in outputs]
+        deadline = time.monotonic() + (timeout or self.timeout_s)
+
+        async def infer_at(endpoint: Endpoint) -> InferResult:
+            with endpoints.calling(endpoint):
+                try:
+                    return await self.client(endpoint.address).infer(
+                        model, tensors, outputs=requested, client_timeout=max(0.0, deadline - time.monotonic()),
+                        request_id=request_id)
+                except InferenceServerException as exc:
+                    raise self._failed(exc, endpoints, endpoint, model) from None
+
         with triton_call(model):
+            endpoint = self._pick(endpoints, model)
             try:
-                result: InferResult = await self.client(url).infer(
-                    model,
-                    [make_input(name, array) for name, array in inputs.items()],
-                    outputs=[InferRequestedOutput(name) for name in outputs],
-                    client_timeout=timeout or self.timeout_s,
-                    request_id=request_id,
-                )
-            except InferenceServerException as exc:
-                raise self._failed(exc, url, model) from None
+                result = await infer_at(endpoint)
+            except ServiceError as error:
+                result = await infer_at(self._retry_at(error, endpoints, endpoint, model))
         return {name: result.as_numpy(name) for name in outputs}
 
     async def stream(
         self,
-        url: str,
+        endpoints: Endpoints,
         model: str,
         inputs: Mapping[str, np.ndarray],
         outputs: list[str],
         timeout: float | None = None,
         request_id: str = "",
     ) -> AsyncIterator[dict[str, np.ndarray]]:
-        """One request on its own decoupled stream; yields each response's outputs. The stream's end
-        is the request's end (tritonclient cannot ask for Triton's empty final response). Closing or
+        """One request on its own decoupled stream, on one of the model's endpoints; yields each response's
+        outputs. The stream's end is the request's end (tritonclient cannot ask for Triton's empty final
+        response). A stream found unavailable before its first response is tried once more on another
+        endpoint; after it, the error goes to the caller (what was sent cannot be taken back). Closing or
         cancelling the iterator cancels the call, which cancels the request inside Triton."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+
+        def stream_at(endpoint: Endpoint) -> contextlib.aclosing[AsyncGenerator[dict[str, np.ndarray], None]]:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            return contextlib.aclosing(self._stream_at(endpoints, endpoint, model, inputs, outputs, remaining,
+                                                       request_id))
+
+        with triton_call(model):
+            endpoint = self._pick(endpoints, model)
+            answered = False
+            try:
+                async with stream_at(endpoint) as responses:
+                    async for response in responses:
+                        answered = True
+                        yield response
+                return
+            except ServiceError as error:
+                if answered:
+                    raise
+                endpoint = self._retry_at(error, endpoints, endpoint, model)
+            async with stream_at(endpoint) as responses:
+                async for response in responses:
+                    yield response
+
+    async def _stream_at(self, endpoints: Endpoints, endpoint: Endpoint, model: str,
+                         inputs: Mapping[str, np.ndarray], outputs: list[str], timeout: float | None,
+                         request_id: str) -> AsyncGenerator[dict[str, np.ndarray], None]:
+        """The stream on one endpoint; Triton's failures as ServiceError."""
 
         async def requests() -> AsyncIterator[dict[str, Any]]:
             yield {
@@ -199,17 +266,17 @@ class Triton:
                 "request_id": request_id,
             }
 
-        call = self.client(url).stream_infer(requests(), stream_timeout=timeout)
-        with triton_call(model):
+        call = self.client(endpoint.address).stream_infer(requests(), stream_timeout=timeout)
+        with endpoints.calling(endpoint):
             try:
                 async for result, error in call:
                     if error is not None:
-                        raise self._failed(error, url, model)
+                        raise self._failed(error, endpoints, endpoint, model)
                     yield outputs_of(result, outputs)
             except InferenceServerException as exc:
-                raise self._failed(exc, url, model) from None
+                raise self._failed(exc, endpoints, endpoint, model) from None
             except grpc.aio.AioRpcError as exc:  # the stream's own failure (e.g. Triton unreachable) comes raw
-                raise self._failed(InferenceServerException(exc.details(), str(exc.code())), url,
+                raise self._failed(InferenceServerException(exc.details(), str(exc.code())), endpoints, endpoint,
                                    model) from None
             finally:
                 call.cancel()

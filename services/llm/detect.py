@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 import grpc
 
+from services.common.endpoints import Endpoints
 from services.common.errors import ServiceError
 from services.common.triton import Triton
 from services.llm.backends import Knob, LlmBackend, Sampling, Step
@@ -61,13 +62,13 @@ def detect_backend(triton_config: Mapping[str, Any], model: str) -> BackendName:
                  f"{_INTERFACES}. Set `backend` in the model config if it is one of them (docs/backends.md).")
 
 
-def _adapter(name: BackendName, entry: LlmModel, triton: Triton) -> LlmBackend:
-    url, model, constants = entry.triton_grpc_url, entry.triton_name, entry.triton_inputs
+def _adapter(name: BackendName, entry: LlmModel, triton: Triton, endpoints: Endpoints) -> LlmBackend:
+    model, constants = entry.triton_name, entry.triton_inputs
     makers: dict[BackendName, Callable[[], LlmBackend]] = {
-        "fastertransformer": lambda: FasterTransformer(triton, url, model, constants),
-        "tensorrt_llm": lambda: TensorRTLLM(triton, url, model, constants),
-        "tensorrt_llm_text": lambda: TensorRTLLMText(triton, url, model, constants, entry.accumulate_tokens),
-        "vllm": lambda: Vllm(triton, url, model, constants, entry.lora_name),
+        "fastertransformer": lambda: FasterTransformer(triton, endpoints, model, constants),
+        "tensorrt_llm": lambda: TensorRTLLM(triton, endpoints, model, constants),
+        "tensorrt_llm_text": lambda: TensorRTLLMText(triton, endpoints, model, constants, entry.accumulate_tokens),
+        "vllm": lambda: Vllm(triton, endpoints, model, constants, entry.lora_name),
     }
     return makers[name]()
 
@@ -76,9 +77,10 @@ class ModelBackend:
     """The backend of one model: it forwards to the adapter chosen when the Triton model became ready, so
     that the model's `GenerationPolicy` can hold it from the start."""
 
-    def __init__(self, entry: LlmModel, triton: Triton) -> None:
+    def __init__(self, entry: LlmModel, triton: Triton, endpoints: Endpoints) -> None:
         self.entry = entry
         self.triton = triton
+        self.endpoints = endpoints  # the model's Triton endpoints, which its adapter streams from
         self.adapter: LlmBackend | None = None
 
     @property
@@ -91,8 +93,8 @@ class ModelBackend:
 
     def configure(self, triton_config: dict[str, Any]) -> None:
         name = self.entry.backend or detect_backend(triton_config, self.entry.triton_name)
-        adapter = self.adapter if self.adapter and self.adapter.name == name else _adapter(name, self.entry,
-                                                                                          self.triton)
+        adapter = self.adapter if self.adapter and self.adapter.name == name else \
+            _adapter(name, self.entry, self.triton, self.endpoints)
         adapter.configure(triton_config)
         self.adapter = adapter
 

@@ -21,6 +21,7 @@ import grpc
 import numpy as np
 from tritonclient.utils import triton_to_np_dtype
 
+from services.common.endpoints import Endpoints
 from services.common.errors import ServiceError
 from services.common.triton import Triton
 from services.llm.backends import Knob, Sampling, Step
@@ -55,9 +56,10 @@ class FasterTransformer:
     name = "fastertransformer"
     takes_text = False
 
-    def __init__(self, triton: Triton, url: str, model: str, constants: dict[str, float] | None = None) -> None:
+    def __init__(self, triton: Triton, endpoints: Endpoints, model: str,
+                 constants: dict[str, float] | None = None) -> None:
         self.triton = triton
-        self.url = url
+        self.endpoints = endpoints
         self.model = model
         self.constants = dict(constants or {})
         self.inputs: dict[str, Any] = {}  # declared input → numpy dtype
@@ -124,7 +126,7 @@ class FasterTransformer:
         if sampling.logprobs:
             outputs.append("output_log_probs")
         done = len(prompt)  # valid positions already seen
-        async for result in self.triton.stream(self.url, self.model, self.tensors(prompt, sampling), outputs,
+        async for result in self.triton.stream(self.endpoints, self.model, self.tensors(prompt, sampling), outputs,
                                                timeout, sampling.request_id):
             if "output_ids" not in result or "sequence_length" not in result:
                 continue  # the empty final response of a cancelled request

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from services.common.endpoints import Endpoints
 from services.common.triton import Triton
 from services.llm.backends import Knob, Sampling, Step
 from services.llm.tensors import ModelInterface, encode_words, refuse
@@ -64,9 +65,10 @@ class TensorRTLLM:
     name = "tensorrt_llm"
     takes_text = False
 
-    def __init__(self, triton: Triton, url: str, model: str, constants: Mapping[str, float] | None = None) -> None:
+    def __init__(self, triton: Triton, endpoints: Endpoints, model: str,
+                 constants: Mapping[str, float] | None = None) -> None:
         self.triton = triton
-        self.url = url
+        self.endpoints = endpoints
         self.model = model
         self.constants = dict(constants or {})
         self.interface = ModelInterface({})
@@ -118,7 +120,7 @@ class TensorRTLLM:
         if sampling.logprobs:
             outputs.append("output_log_probs")
         done = 0  # tokens received so far
-        async for result in self.triton.stream(self.url, self.model, self.tensors(prompt, sampling), outputs,
+        async for result in self.triton.stream(self.endpoints, self.model, self.tensors(prompt, sampling), outputs,
                                                timeout, sampling.request_id):
             if "output_ids" not in result or "sequence_length" not in result:
                 continue  # an empty final response (a stop request, a cancellation)

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from services.common.endpoints import Endpoints
 from services.common.triton import Triton
 from services.llm.backends import Knob, Sampling, Step
 from services.llm.tensorrt_llm import GUIDE_INPUTS, MIN_TOKENS, SEED, guide_values, sampling_values
@@ -53,10 +54,10 @@ class TensorRTLLMText:
     name = "tensorrt_llm_text"
     takes_text = True
 
-    def __init__(self, triton: Triton, url: str, model: str, constants: Mapping[str, float] | None = None,
+    def __init__(self, triton: Triton, endpoints: Endpoints, model: str, constants: Mapping[str, float] | None = None,
                  accumulate_tokens: bool | None = None) -> None:
         self.triton = triton
-        self.url = url
+        self.endpoints = endpoints
         self.model = model
         self.constants = dict(constants or {})
         self.configured_accumulate = accumulate_tokens  # the model config file's say; None: the Triton model's
@@ -116,7 +117,7 @@ class TensorRTLLMText:
     async def stream(self, prompt: Sequence[int], sampling: Sampling, timeout: float | None, text: str = ""
                      ) -> AsyncGenerator[Step, None]:
         cumulative = CumulativeText() if self.accumulate else None
-        async for result in self.triton.stream(self.url, self.model, self.tensors(text, sampling), self.outputs(),
+        async for result in self.triton.stream(self.endpoints, self.model, self.tensors(text, sampling), self.outputs(),
                                                timeout, sampling.request_id):
             if "text_output" not in result:
                 continue  # an empty final response

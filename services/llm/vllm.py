@@ -25,6 +25,7 @@ from typing import Any
 import grpc
 import numpy as np
 
+from services.common.endpoints import Endpoints
 from services.common.errors import ServiceError
 from services.common.triton import Triton
 from services.llm.backends import FinishReason, Knob, Sampling, Step
@@ -102,10 +103,10 @@ class Vllm:
     name = "vllm"
     takes_text = True
 
-    def __init__(self, triton: Triton, url: str, model: str, constants: Mapping[str, float] | None = None,
+    def __init__(self, triton: Triton, endpoints: Endpoints, model: str, constants: Mapping[str, float] | None = None,
                  lora_name: str | None = None) -> None:
         self.triton = triton
-        self.url = url
+        self.endpoints = endpoints
         self.model = model
         self.constants = dict(constants or {})
         self.lora_name = lora_name
@@ -148,7 +149,7 @@ class Vllm:
     async def stream(self, prompt: Sequence[int], sampling: Sampling, timeout: float | None, text: str = ""
                      ) -> AsyncGenerator[Step, None]:
         cumulative = CumulativeText(skip=len(text)) if self.cumulative else None
-        async for result in self.triton.stream(self.url, self.model, self.tensors(text, sampling),
+        async for result in self.triton.stream(self.endpoints, self.model, self.tensors(text, sampling),
                                                self.outputs(sampling), timeout, sampling.request_id):
             if "text_output" not in result:
                 continue

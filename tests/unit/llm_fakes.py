@@ -47,6 +47,7 @@ class FakeTriton:
     config: dict[str, Any] = field(default_factory=dict)
     responses: list[Response] | Callable[[Mapping[str, np.ndarray]], list[Response]] = field(default_factory=list)
     ready: bool | None = True  # None: the readiness check gets no answer in time
+    resolve_every_s: float = 5.0
     requests: list[Request] = field(default_factory=list)
     closed: int = 0
 

@@ -3,11 +3,15 @@ a crashed or unloaded model instance is UNAVAILABLE (a 503 to retry), not INTERN
 
 from __future__ import annotations
 
+from unittest import mock
+
 import grpc
 import pytest
 from tritonclient.utils import InferenceServerException
 
+from services.common.endpoints import Endpoints
 from services.common.triton import ReadinessUnknown, Triton, triton_error
+from tritongate.config import TritonAddress
 
 STUB_DOWN = "Failed to process the request(s) for model instance 'm_0_0', message: Stub process 'm_0_0' is not healthy."
 
@@ -36,13 +40,20 @@ def test_triton_failures_map_by_status_then_by_what_failed(status: str | None, m
 
 async def test_a_model_found_unavailable_is_not_ready_until_checked_again() -> None:
     triton = Triton()
-    triton._failed(InferenceServerException(STUB_DOWN, "StatusCode.INTERNAL"), "127.0.0.1:1", "m")
-    assert triton._unreachable.is_set()  # the readiness watcher wakes at once
-    assert await triton.why_not_ready("127.0.0.1:1", "m") == "an inference found it unavailable"
-    assert ("127.0.0.1:1", "m") not in triton._failed_models  # the next check asks Triton again (none there)
-    assert await triton.why_not_ready("127.0.0.1:1", "m") == "Triton did not answer (StatusCode.UNAVAILABLE)"
-    triton._failed(InferenceServerException("bad input", "StatusCode.INTERNAL"), "127.0.0.1:1", "m")
-    assert ("127.0.0.1:1", "m") not in triton._failed_models  # a failed request is not a failed model
+    endpoints = Endpoints([TritonAddress("127.0.0.1", 1)], "m")
+    [endpoint] = endpoints
+    ready = mock.AsyncMock(return_value=None)  # Triton has the model ready
+    assert await endpoints.refresh(ready) is None
+    triton._failed(InferenceServerException("bad input", "StatusCode.INTERNAL"), endpoints, endpoint, "m")
+    assert endpoint.ready and not triton._unreachable.is_set()  # a failed request is not a failed model
+    triton._failed(InferenceServerException(STUB_DOWN, "StatusCode.INTERNAL"), endpoints, endpoint, "m")
+    assert not endpoint.ready and triton._unreachable.is_set()  # the readiness watcher wakes at once
+    ready.reset_mock()
+    assert await endpoints.refresh(ready) == "an inference found it unavailable"
+    ready.assert_not_called()  # Triton may call the model ready while its crashed instance restarts
+    # The next check asks Triton again (none there).
+    assert await endpoints.refresh(lambda address: triton.why_not_ready(address, "m")) == \
+        "Triton did not answer (StatusCode.UNAVAILABLE)"
     await triton.close()
 
 
