@@ -124,7 +124,7 @@ class Endpoints:
         not ready without asking (Triton may call a model ready while its crashed instance restarts), the
         one after asks Triton."""
         endpoint.found_unavailable = True
-        self._set(endpoint, FOUND_UNAVAILABLE, f"{FOUND_UNAVAILABLE}: {why}")
+        self._report(endpoint, *self._set(endpoint, FOUND_UNAVAILABLE), f"{FOUND_UNAVAILABLE}: {why}")
 
     async def refresh(self, check: ReadinessCheck) -> str | None:
         """Look up the DNS names when due, check every endpoint's readiness; None when the model is ready on
@@ -133,13 +133,16 @@ class Endpoints:
         endpoints = list(self)
         results = await asyncio.gather(*(self._check(endpoint, check) for endpoint in endpoints),
                                        return_exceptions=True)
+        changes = []
         for endpoint, result in zip(endpoints, results, strict=True):
             if isinstance(result, BaseException):
                 if not isinstance(result, Exception):
                     raise result
                 result = f"its readiness check failed: {result}"
-            if not endpoint.gone:
-                self._set(endpoint, result)
+            if not endpoint.gone and not endpoint.found_unavailable:  # a call's verdict since is newer
+                changes.append((endpoint, *self._set(endpoint, result)))
+        for change in changes:  # once all are known, so that the counts in the lines are right
+            self._report(*change)
         return self.why_not_ready()
 
     def why_not_ready(self) -> str | None:
@@ -171,21 +174,25 @@ class Endpoints:
         endpoint.unanswered = 0
         return why_not
 
-    def _set(self, endpoint: Endpoint, why_not: str | None, detail: str = "") -> None:
-        """Record a readiness; log (`detail`: why, at more length) and count when it changes."""
-        was_ready, checked = endpoint.ready, endpoint.why_not != "not checked yet"
+    def _set(self, endpoint: Endpoint, why_not: str | None) -> tuple[bool, bool]:
+        """Record a readiness (None: ready); returns whether the endpoint was ready, and checked, before."""
+        before = endpoint.ready, endpoint.why_not != "not checked yet"
         endpoint.ready, endpoint.why_not = why_not is None, why_not or ""
         ENDPOINT_READY.labels(self.name, endpoint.address).set(1 if endpoint.ready else 0)
+        return before
+
+    def _report(self, endpoint: Endpoint, was_ready: bool, checked: bool, detail: str = "") -> None:
+        """Log (`detail`: why, at more length) and count a change of readiness."""
         count = f"{len(self.ready())} of {len(self.endpoints)} ready"
         if endpoint.ready and not was_ready:
             log.info("model %s: Triton endpoint %s is ready: in the rotation (%s)", self.name, endpoint.address, count)
-        elif was_ready and why_not is not None:
+        elif was_ready and not endpoint.ready:
             ENDPOINT_EJECTIONS.labels(self.name, endpoint.address).inc()
             log.warning("model %s: Triton endpoint %s taken out of the rotation: %s (%s)", self.name,
-                        endpoint.address, detail or why_not, count)
-        elif not checked and why_not is not None:
+                        endpoint.address, detail or endpoint.why_not, count)
+        elif not checked and not endpoint.ready:
             log.warning("model %s: Triton endpoint %s is not ready: %s (%s)", self.name, endpoint.address,
-                        why_not, count)
+                        endpoint.why_not, count)
 
     async def _resolve(self) -> None:
         """Each DNS name's addresses, at most every `resolve_every_s`; a name that fails to resolve keeps its

@@ -8,7 +8,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections import Counter
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping
 from typing import Any
 
 import grpc
@@ -105,6 +106,7 @@ class Triton:
     def __init__(self, timeout_s: float = 60.0, resolve_every_s: float = DEFAULT_RESOLVE_EVERY_S) -> None:
         self._clients: dict[str, InferenceServerClient] = {}
         self._used: dict[str, float] = {}  # when each client was last used (monotonic)
+        self._busy: Counter[str] = Counter()  # inference calls in flight per address
         self.timeout_s = timeout_s  # for calls that carry no deadline of their own
         self.resolve_every_s = resolve_every_s  # how often the models' DNS names are looked up again
         self._unreachable = asyncio.Event()
@@ -139,10 +141,21 @@ class Triton:
         self._used[address] = time.monotonic()
         return self._clients[address]
 
+    @contextlib.contextmanager
+    def _calling(self, endpoints: Endpoints, endpoint: Endpoint) -> Iterator[InferenceServerClient]:
+        """The client for one call on `endpoint`, counted in flight there while the call lasts."""
+        self._busy[endpoint.address] += 1
+        try:
+            with endpoints.calling(endpoint):
+                yield self.client(endpoint.address)
+        finally:
+            self._busy[endpoint.address] -= 1
+
     async def _close_idle(self) -> None:
-        """Close the clients of addresses no model has any more (a Triton pod gone from DNS): every address a
-        model has gets a readiness check every few seconds."""
-        idle = [address for address, used in self._used.items() if time.monotonic() - used > CLIENT_IDLE_S]
+        """Close the clients of addresses no model has any more (a Triton pod gone from DNS), once no call is
+        in flight there: every address a model has gets a readiness check every few seconds."""
+        idle = [address for address, used in self._used.items()
+                if not self._busy[address] and time.monotonic() - used > CLIENT_IDLE_S]
         for address in idle:
             del self._used[address]
             await self._clients.pop(address).close()
@@ -199,9 +212,9 @@ class Triton:
         deadline = time.monotonic() + (timeout or self.timeout_s)
 
         async def infer_at(endpoint: Endpoint) -> InferResult:
-            with endpoints.calling(endpoint):
+            with self._calling(endpoints, endpoint) as client:
                 try:
-                    return await self.client(endpoint.address).infer(
+                    return await client.infer(
                         model, tensors, outputs=requested, client_timeout=max(0.0, deadline - time.monotonic()),
                         request_id=request_id)
                 except InferenceServerException as exc:
@@ -266,8 +279,8 @@ class Triton:
                 "request_id": request_id,
             }
 
-        call = self.client(endpoint.address).stream_infer(requests(), stream_timeout=timeout)
-        with endpoints.calling(endpoint):
+        with self._calling(endpoints, endpoint) as client:
+            call = client.stream_infer(requests(), stream_timeout=timeout)
             try:
                 async for result, error in call:
                     if error is not None:

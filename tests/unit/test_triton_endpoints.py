@@ -217,7 +217,7 @@ class Client:
     """A tritonclient aio client that answers `infer` with `answer` and streams with `stream`."""
 
     def __init__(self, answer: InferResult | Exception = UNAVAILABLE, stream: list[Any] | None = None) -> None:
-        self.answer, self.calls = answer, 0
+        self.answer, self.calls, self.closed = answer, 0, False
         self.stream = Call(stream or [])
 
     async def infer(self, model: str, inputs: Any, **kwargs: Any) -> InferResult:
@@ -231,7 +231,7 @@ class Client:
         return self.stream
 
     async def close(self) -> None:
-        pass
+        self.closed = True
 
 
 def triton_with(clients: dict[str, Client]) -> Triton:
@@ -311,3 +311,18 @@ async def test_closing_a_stream_cancels_its_call_and_ends_its_count_in_flight() 
     assert endpoints.endpoints[A].in_flight == 1
     await stream.aclose()  # type: ignore[attr-defined]
     assert client.stream.cancelled and endpoints.endpoints[A].in_flight == 0
+
+
+async def test_a_client_unused_for_a_minute_is_closed_unless_a_call_is_in_flight() -> None:
+    """Every address a model has is checked every few seconds: one unused that long left its DNS name."""
+    endpoints = await ready_group(A, B)
+    clients = {A: Client(stream=[result(1.0), result(2.0)]), B: Client()}
+    triton = triton_with(clients)
+    stream = triton.stream(endpoints, "m", INPUTS, ["y"])
+    await anext(stream)  # a generation in flight on A
+    triton._used.update({A: 0.0, B: 0.0})  # long ago
+    await triton._close_idle()
+    assert clients[B].closed and not clients[A].closed and list(triton._clients) == [A]
+    await stream.aclose()  # type: ignore[attr-defined]
+    await triton._close_idle()
+    assert clients[A].closed and not triton._clients

@@ -1,0 +1,1 @@
+../../embed-echo/1/model.py
