@@ -24,7 +24,8 @@ Process = subprocess.Popen[bytes]
 
 
 class CannotStart(Exception):
-    """A supervised process kept exiting right after it started; the message is one line for the user."""
+    """A component cannot start (e.g. it kept exiting right after it started); the message is one line for
+    the user."""
 
 
 @dataclass(frozen=True)

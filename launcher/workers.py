@@ -20,7 +20,7 @@ import sys
 import tempfile
 from collections.abc import Callable
 
-from launcher.supervisor import Process, Supervisor
+from launcher.supervisor import CannotStart, Process, Supervisor
 from tritongate.settings import auto_workers
 
 AUTO = "auto"
@@ -62,12 +62,17 @@ def replicas_target(host: str, ports: list[int]) -> str:
 
 
 def shared_port_socket(host: str, port: int) -> socket.socket:
-    """A listening socket that other processes bind too (SO_REUSEPORT)."""
+    """A listening socket that other processes bind too (SO_REUSEPORT); CannotStart when the port is taken
+    (by a process that does not share it) or the address is not this host's."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind((host, port))
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise CannotStart(f"cannot listen on {host}:{port}: {exc.strerror}") from None
     sock.set_inheritable(True)
     return sock
 
