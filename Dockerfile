@@ -1,4 +1,3 @@
-# syntax=docker/dockerfile:1
 # One image for every tritongate component; the command picks it:
 #   docker run tritongate edge | llm | embed | rerank | health TARGET | models list
 #
@@ -25,7 +24,9 @@ RUN /opt/tritongate/bin/pip install --no-binary=tritongate .
 
 # --- base: the virtualenv on a clean slim Python, as a non-root user ---------------------------
 FROM ${PYTHON_IMAGE} AS base
-RUN useradd --system --uid 10001 --user-group --create-home --home-dir /home/tritongate tritongate \
+# uid and gid 10001, as the Kubernetes manifests' runAsUser and runAsGroup.
+RUN groupadd --system --gid 10001 tritongate \
+    && useradd --system --uid 10001 --gid 10001 --create-home --home-dir /home/tritongate tritongate \
     && mkdir -p /models /etc/tritongate \
     && chown tritongate:tritongate /models
 COPY --from=build /opt/tritongate /opt/tritongate

@@ -60,12 +60,15 @@ class InterpolationError(Exception):
     pass
 
 
-_VARIABLE = re.compile(r"\$(?:(?P<escaped>\$)|\{(?P<braced>\w+)(?:(?P<op>:?[-?+])(?P<arg>[^}]*))?\}|(?P<plain>\w+))")
+# One `${...}` with no other inside it (so nested defaults resolve from the inside out), or `$NAME`.
+_VARIABLE = re.compile(r"\$\{(?P<braced>\w+)(?:(?P<op>:?[-?+])(?P<arg>[^${}]*))?\}|\$(?P<plain>\w+)")
+_ESCAPED = "\0"  # stands for `$$` (a literal `$`) while variables are replaced
 
 
 def interpolate(value: Any, env: dict[str, str]) -> Any:
     """The Compose Specification's interpolation: $VAR, ${VAR}, ${VAR:-default}, ${VAR-default},
-    ${VAR:?error}, ${VAR?error}, ${VAR:+alt}, ${VAR+alt}, and $$ for a literal $."""
+    ${VAR:?error}, ${VAR?error}, ${VAR:+alt}, ${VAR+alt}, nested (${A:-${B:-default}}), and $$ for a
+    literal $."""
     if isinstance(value, dict):
         return {key: interpolate(item, env) for key, item in value.items()}
     if isinstance(value, list):
@@ -74,8 +77,6 @@ def interpolate(value: Any, env: dict[str, str]) -> Any:
         return value
 
     def substitute(match: re.Match[str]) -> str:
-        if match["escaped"]:
-            return "$"
         name = match["braced"] or match["plain"]
         op, arg = match["op"], match["arg"] or ""
         current = env.get(name)
@@ -90,7 +91,10 @@ def interpolate(value: Any, env: dict[str, str]) -> Any:
             return "" if empty else arg
         return current or ""
 
-    return _VARIABLE.sub(substitute, value)
+    text, previous = value.replace("$$", _ESCAPED), None
+    while text != previous:
+        previous, text = text, _VARIABLE.sub(substitute, text)
+    return text.replace(_ESCAPED, "$")
 
 
 def load(path: Path, env: dict[str, str] | None = None) -> dict[str, Any]:
@@ -213,6 +217,44 @@ def test_services_scale_without_changes() -> None:
         assert metrics in spec["expose"]
 
 
+def test_a_site_names_its_own_triton_image_with_triton_image() -> None:
+    env = dotenv(DEPLOY_DIR / ".env")
+    assert "TRITON_IMAGE" not in env  # the default: the demo image, built on NVIDIA's
+    triton = service("triton")
+    assert triton["image"] == "tritongate-triton:local" and triton["build"]["context"] == "./triton"
+    assert triton["build"]["args"]["TRITON_BASE_IMAGE"].startswith("nvcr.io/nvidia/tritonserver:")
+    ours = load(COMPOSE, {**env, "TRITON_IMAGE": "registry.example.com/triton:1", "TRITONGATE_TAG": "t"})
+    assert ours["services"]["triton"]["image"] == "registry.example.com/triton:1"
+    tagged = load(COMPOSE, {**env, "TRITONGATE_TAG": "t"})["services"]
+    assert {tagged[name]["image"] for name in ("triton", "edge", "models")} == {
+        "tritongate-triton:t", "tritongate:t", "tritongate-models:t"}
+
+
+def test_the_edges_share_state_in_valkey_that_keeps_nothing_on_disk() -> None:
+    from edge.state import open_store
+
+    url = environment("edge")["TRITONGATE_STATE_URL"]
+    assert type(open_store(url)).__name__ == "RedisStore"
+    host, port = re.fullmatch(r"redis://([\w-]+):(\d+)/\d+", url).groups()  # type: ignore[union-attr]
+    valkey = service(host)
+    assert valkey["image"] == "valkey/valkey:8-alpine" and port in valkey["expose"]
+    site = load(COMPOSE, {**dotenv(DEPLOY_DIR / ".env"), "VALKEY_IMAGE": "redis:7"})
+    assert site["services"][host]["image"] == "redis:7"
+    command = valkey["command"]
+    assert command[0] == "valkey-server" and command[command.index("--save") + 1] == ""
+    assert command[command.index("--appendonly") + 1] == "no" and "volumes" not in valkey
+    assert valkey["healthcheck"]["test"] == ["CMD", "valkey-cli", "ping"] and valkey["restart"] == "unless-stopped"
+    assert service("edge")["depends_on"][host] == {"condition": "service_healthy"}
+
+
+def test_every_long_running_service_is_restarted_so_start_order_is_only_a_courtesy() -> None:
+    """podman-compose below podman 4.6 ignores `service_healthy` (and with --no-deps, all of depends_on):
+    a part that starts before what it needs exits or waits, and is restarted (tests/containers proves it)."""
+    for name, spec in compose()["services"].items():
+        if name != "models":
+            assert spec["restart"] == "unless-stopped", name
+
+
 def test_start_order_is_gated_on_health() -> None:
     assert service("triton")["depends_on"] == {"models": {"condition": "service_completed_successfully"}}
     for name in SERVICES:
@@ -272,14 +314,14 @@ def test_compose_config_is_the_demo_config_on_the_triton_service() -> None:
 def test_triton_image_is_the_release_the_tests_run(triton: TritonProcess) -> None:
     """The compose Triton (NGC tag YY.MM) is the Triton the test suite runs (nvidia-pytriton's binary)."""
     version = httpx.get(f"http://127.0.0.1:{triton.http_port}/v2", timeout=5).json()["version"]
-    image = compose()["services"]["triton"]["build"]["args"]["TRITON_IMAGE"]
+    image = compose()["services"]["triton"]["build"]["args"]["TRITON_BASE_IMAGE"]
     tag = re.search(r"tritonserver:(\d\d)\.(\d\d)-py3", image)
     assert tag
     # NGC publishes one Triton minor release a month: 24.10 is 2.51, 24.11 is 2.52, ...
     minor = 51 + (int(tag[1]) - 24) * 12 + (int(tag[2]) - 10)
     assert version.startswith(f"2.{minor}."), (version, tag[0])
     dockerfile = (DEPLOY_DIR / "triton" / "Dockerfile").read_text()
-    assert f"ARG TRITON_IMAGE=nvcr.io/nvidia/{tag[0]}" in dockerfile
+    assert f"ARG TRITON_BASE_IMAGE=nvcr.io/nvidia/{tag[0]}" in dockerfile
 
 
 def test_gpu_override_reserves_gpus_for_triton_only() -> None:

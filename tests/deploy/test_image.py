@@ -9,6 +9,7 @@ import sys
 import tomllib
 
 from tests.deploy.test_compose import compose
+from tests.deploy.test_k8s import TRITONGATE_IDS
 from tritongate.settings import DEPLOY_DIR, REPO_ROOT
 
 DOCKERFILE = REPO_ROOT / "Dockerfile"
@@ -42,12 +43,21 @@ def test_runtime_is_the_default_target_non_root_and_has_no_build_tools() -> None
     assert arg(DOCKERFILE.read_text(), "PYTHON_IMAGE").startswith("python:3.11-slim")
     runtime = "".join(stages()[name][1] for name in chain("runtime"))
     assert re.search(r"^USER tritongate$", stages()["runtime"][1], flags=re.M)
-    assert "--uid 10001" in runtime
+    # The user and group the Kubernetes manifests run it as (runAsUser, runAsGroup: tests/deploy/test_k8s.py).
+    assert re.search(rf"groupadd --system --gid {TRITONGATE_IDS} tritongate", runtime)
+    assert re.search(rf"useradd --system --uid {TRITONGATE_IDS} --gid {TRITONGATE_IDS} ", runtime)
     for tool in ("apt-get", "gcc", "build-essential", "protoc", "torch", "pip install"):
         assert tool not in runtime, tool
     # Only the build stage installs, from wheels only; the runtime copies its virtualenv.
     assert "COPY --from=build /opt/tritongate /opt/tritongate" in runtime
     assert "PIP_ONLY_BINARY=:all:" in stages()["build"][1]
+
+
+def test_the_dockerfiles_build_without_a_registry_for_the_frontend() -> None:
+    """A `# syntax=` line makes BuildKit pull that frontend image before anything else, which fails where
+    no registry is reachable; the frontend built into Docker reads these files as they are."""
+    for path in (DOCKERFILE, TRITON_DOCKERFILE):
+        assert not re.search(r"^#\s*syntax\s*=", path.read_text(), flags=re.M | re.I), path
 
 
 def test_compose_builds_targets_that_exist() -> None:
