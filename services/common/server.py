@@ -200,6 +200,7 @@ async def _watch_readiness(models: ModelSet[Any], health_servicer: HealthService
                 await health_servicer.set(name, status)
             log.info("health: %s", "SERVING" if ready else "NOT_SERVING (waiting for Triton models)")
             serving = ready
+        await triton.close_idle()
         # A Triton call that finds Triton unreachable wakes the watcher early: NOT_SERVING within a moment.
         await triton.wait_unreachable(5.0 if ready else 1.0)
 

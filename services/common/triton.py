@@ -151,14 +151,15 @@ class Triton:
         finally:
             self._busy[endpoint.address] -= 1
 
-    async def _close_idle(self) -> None:
+    async def close_idle(self) -> None:
         """Close the clients of addresses no model has any more (a Triton pod gone from DNS), once no call is
         in flight there: every address a model has gets a readiness check every few seconds."""
         idle = [address for address, used in self._used.items()
                 if not self._busy[address] and time.monotonic() - used > CLIENT_IDLE_S]
         for address in idle:
             del self._used[address]
-            await self._clients.pop(address).close()
+        for client in [self._clients.pop(address) for address in idle]:
+            await client.close()
 
     async def close(self) -> None:
         for client in self._clients.values():
@@ -169,7 +170,6 @@ class Triton:
     async def why_not_ready(self, address: str, model: str) -> str | None:
         """None when Triton at `address` has the model ready, else why not; ReadinessUnknown when Triton does
         not answer in time."""
-        await self._close_idle()
         try:
             ready = await self.client(address).is_model_ready(model, client_timeout=READINESS_TIMEOUT_S)
         except InferenceServerException as exc:

@@ -314,15 +314,16 @@ async def test_closing_a_stream_cancels_its_call_and_ends_its_count_in_flight() 
 
 
 async def test_a_client_unused_for_a_minute_is_closed_unless_a_call_is_in_flight() -> None:
-    """Every address a model has is checked every few seconds: one unused that long left its DNS name."""
+    """Every address a model has is checked every few seconds (the readiness watcher closes idle clients
+    after each round): one unused that long has left its DNS name."""
     endpoints = await ready_group(A, B)
     clients = {A: Client(stream=[result(1.0), result(2.0)]), B: Client()}
     triton = triton_with(clients)
     stream = triton.stream(endpoints, "m", INPUTS, ["y"])
     await anext(stream)  # a generation in flight on A
     triton._used.update({A: 0.0, B: 0.0})  # long ago
-    await triton._close_idle()
+    await triton.close_idle()
     assert clients[B].closed and not clients[A].closed and list(triton._clients) == [A]
     await stream.aclose()  # type: ignore[attr-defined]
-    await triton._close_idle()
+    await triton.close_idle()
     assert clients[A].closed and not triton._clients
