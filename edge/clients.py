@@ -233,10 +233,11 @@ class Generation:
 class ModelDirectory:
     """Which service serves which model id: the services' ListModels, merged, cached briefly."""
 
-    def __init__(self, timeout: float, ttl: float = 5.0) -> None:
+    def __init__(self, timeout: float, ttl: float = 5.0, retry_after_s: int = 1) -> None:
         self.clients: list[ServiceClient] = []  # each client adds itself
         self.timeout = timeout
         self.ttl = ttl
+        self.retry_after_s = retry_after_s  # what a 503 for a service that is down tells the client
         self._cards: dict[str, common_pb2.ModelCard] = {}
         self._fetched = 0.0
         self._lock = asyncio.Lock()
@@ -285,7 +286,8 @@ class ModelDirectory:
         except OpenAIError:
             if service.name in self._down:
                 raise OpenAIError(503, f"The {service.name} service is unavailable; try again shortly.",
-                                  code="service_unavailable") from None
+                                  code="service_unavailable",
+                                  headers={"Retry-After": str(self.retry_after_s)}) from None
             raise
         if card.kind != service.kind:
             other = BY_KIND[card.kind].serves if card.kind in BY_KIND else "different"
@@ -306,7 +308,7 @@ class ServiceClients:
     @classmethod
     def open(cls, settings: Settings) -> ServiceClients:
         tls = client_tls(settings)
-        directory = ModelDirectory(timeout=settings.list_models_timeout_s)
+        directory = ModelDirectory(timeout=settings.list_models_timeout_s, retry_after_s=settings.retry_after_s)
 
         def channel(kind: type[ServiceClient]) -> grpc.aio.Channel:
             return open_channel(settings.target(kind.service), kind.service, tls)

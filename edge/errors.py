@@ -160,7 +160,7 @@ def install_error_handlers(app: FastAPI) -> None:
     async def handle(_: Request, exc: Exception) -> JSONResponse:
         return as_openai_error(exc).response()
 
-    for kind in (OpenAIError, ParamError, RequestValidationError, StarletteHTTPException):
+    for kind in (OpenAIError, ParamError, RequestValidationError, StarletteHTTPException, StoreUnavailable):
         app.add_exception_handler(kind, handle)
 
     @app.exception_handler(Exception)

@@ -21,6 +21,7 @@ import pytest
 from launcher.stack import LocalStack
 from tests.support.events import EVENTS_ENV, new_events_file
 from tests.support.ports import free_port
+from tests.support.redis_server import RedisServer
 from tests.support.stack import DEMO_LLM, TEST_REPOSITORIES, metrics_ports, stack_settings, write_model_config
 from tests.support.stubs import dead, python_stubs
 from tritongate.settings import default_cache_dir, default_models_dir
@@ -53,6 +54,14 @@ def tokenizer(models_dir: Path) -> Any:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(models_dir / DEMO_LLM)
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """A real Redis server on a free loopback port (the shared-state tests' Redis/Valkey)."""
+    server = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    yield server
+    server.stop()
 
 
 @pytest.fixture(scope="session")

@@ -184,8 +184,11 @@ def test_a_killed_service_503s_its_routes_and_the_others_keep_working(private: P
 
         wait_until(lambda: EMBED not in listed(), 15, "the model list to drop the embed service's models")
         assert listed() == {CHAT, SLOW, RERANK}
-        # Once its models are no longer listed, the embed route still says the service is down (not 404).
-        assert_error(http.post("/v1/embeddings", json={"model": EMBED, "input": "x"}), 503, "service_unavailable")
+        # Once its models are no longer listed, the embed route still says the service is down (not 404),
+        # and when to try again.
+        down = http.post("/v1/embeddings", json={"model": EMBED, "input": "x"})
+        assert_error(down, 503, "service_unavailable")
+        assert down.headers["retry-after"] == "1"
 
 
 @dataclass

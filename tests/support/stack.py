@@ -71,7 +71,9 @@ def metrics_ports() -> dict[str, int]:
 
 
 def spawn(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    """`tritongate *args` as a child process, its output to `log`."""
+    """`tritongate *args` as a child process, its output to `log`; an edge has a state store of its own
+    unless `env` names one."""
+    env = {"TRITONGATE_STATE_URL": private_state_url(), **env}
     with open(log, "wb") as out:
         return subprocess.Popen([sys.executable, "-m", "launcher.cli", *args], env=env, stdout=out,
                                 stderr=subprocess.STDOUT)
