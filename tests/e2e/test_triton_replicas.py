@@ -24,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.common import BENCH_MODELS
 from launcher.stack import LocalStack
+from tests.support.backends import echo_variants
 from tests.support.openai_schema import validate
 from tests.support.ports import free_port, wait_until
 from tests.support.stack import TESTS, metrics_ports, stack_settings
@@ -33,7 +34,7 @@ from tritongate.triton_local import TritonProcess, start_triton
 
 EMBED = "embed-echo"
 UNEVEN = "embed-uneven"
-SLOW_CHAT = "ft-echo-slow"  # 50 ms per token
+SLOW_CHAT = "ft-echo-slow"  # ft-echo, 50 ms per token (tests/support/backends.py)
 LOAD_S = 30  # embeddings load around a Triton's death and return
 MODELS = {"a": {EMBED: BENCH_MODELS / "embed-echo", UNEVEN: BENCH_MODELS / "embed-echo",
                 "ft-echo": TESTS / "triton_models" / "ft-echo"},
@@ -88,13 +89,13 @@ def replicas(models_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
         encoder = {"path": str(models_dir / "all-minilm-l6-v2"), "max_tokens": 64, "output_name": "sentence_embedding"}
         full = json.loads((TESTS / "model_config.json").read_text())
         chat = next(entry for entry in full["llm"] if entry["name"] == "ft-echo")
+        slow_chat = next(variant for variant in echo_variants(chat) if variant["name"] == SLOW_CHAT)
         config = {
             # Each way of writing several addresses: a string with commas, a JSON list, a DNS name.
             "embedding": [dict(encoder, name=EMBED, url=f"{a},{b},{replicas.nowhere}"),
                           dict(encoder, name=UNEVEN, url=a,
                                grpc_url=[f"dns:///localhost:{replicas.tritons['a'].grpc_port}", b])],
-            "llm": [dict(chat, name=SLOW_CHAT, triton_model="ft-echo", url=a, grpc_url=[a, b],
-                         triton_inputs={"delay_ms": 50})],
+            "llm": [dict(slow_chat, url=a, grpc_url=[a, b])],
             "model_infos": [{"name": SLOW_CHAT, "max_len": 256}],
         }
         (root / "model_config.json").write_text(json.dumps(config))
