@@ -88,7 +88,7 @@ class Compose:
 
     def crash(self, container: str) -> None:
         """Kill the container's main process, as a crash would. (`podman kill` counts as stopping the
-        container by hand, which a restart policy leaves stopped, as Docker's does.)"""
+        container by hand, and a restart policy leaves such a container stopped.)"""
         os.kill(int(self.state(container)["Pid"]), signal.SIGKILL)
 
     def edge_url(self, container: str) -> str:
