@@ -109,6 +109,10 @@ def test_metrics_after_embeddings_a_chat_stream_and_a_rerank(http: httpx.Client,
     with http.stream("POST", "/v1/chat/completions",
                      json={**CHAT, "stream": True, "stream_options": {"include_usage": True}}) as response:
         chat_usage = json.loads(parse_events(response.read().decode())[-2].data)["usage"]
+    # A stream whose tokens arrive apart (the slow echo: 50 ms each), so that there are gaps to time; the
+    # fast echo's few tokens may all arrive in one message of the service.
+    with http.stream("POST", "/v1/chat/completions", json={**CHAT, "model": "ft-echo-slow", "stream": True}) as slow:
+        slow.read()
     reranked = http.post("/v1/rerank", json={"model": RERANK, "query": "q", "documents": ["a", "b"]}).json()
 
     after = {"edge": scrape(edge_url), **{name: scrape(url) for name, url in services.items()}}
@@ -122,7 +126,7 @@ def test_metrics_after_embeddings_a_chat_stream_and_a_rerank(http: httpx.Client,
         assert grew("edge", "http_request_duration_seconds_count", route=route, model=model) == 1
         assert grew("edge", "http_request_duration_seconds_sum", route=route, model=model) > 0
     assert grew("edge", "tritongate_time_to_first_token_seconds_count", model="ft-echo") == 1
-    assert grew("edge", "tritongate_inter_token_latency_seconds_count", model="ft-echo") >= 1
+    assert grew("edge", "tritongate_inter_token_latency_seconds_count", model="ft-echo-slow") >= 1
     tokens = {(model, kind): grew("edge", "tritongate_tokens_total", model=model, kind=kind)
               for model in ("ft-echo", EMBEDDING, RERANK) for kind in ("prompt", "completion")}
     assert tokens == {
@@ -136,7 +140,7 @@ def test_metrics_after_embeddings_a_chat_stream_and_a_rerank(http: httpx.Client,
     # Services: RPCs by method and code, Triton call latency by model and outcome, rows per Triton call.
     assert grew("embed", "grpc_server_handled_total", grpc_method="Embed", grpc_code="OK") == 1
     assert grew("rerank", "grpc_server_handled_total", grpc_method="Rerank", grpc_code="OK") == 1
-    assert grew("llm", "grpc_server_handled_total", grpc_method="Generate", grpc_code="OK") == 1
+    assert grew("llm", "grpc_server_handled_total", grpc_method="Generate", grpc_code="OK") == 2
     for service, model in (("embed", EMBEDDING), ("rerank", RERANK), ("llm", "ft-echo")):
         assert grew(service, "tritongate_triton_request_duration_seconds_count", model=model, outcome="OK") >= 1
         assert grew(service, "tritongate_triton_request_duration_seconds_sum", model=model, outcome="OK") > 0
