@@ -19,7 +19,7 @@ import pytest
 
 from tests.containers.compose import Compose
 from tests.containers.conftest import SERVICES
-from tests.containers.load import Load
+from tests.support.load import Load
 from tests.support.ports import wait_until
 from tritongate.settings import DEPLOY_DIR
 
@@ -40,6 +40,13 @@ def client(url: str) -> openai.OpenAI:
 
 def edge(stack: Compose, replica: int = 0) -> str:
     return stack.edge_url(stack.containers("edge")[replica])
+
+
+def embeddings(stack: Compose) -> Load:
+    """Steady embeddings load on the published edge port from three threads (a stream, not a flood: the
+    machine has two cores for everything)."""
+    return Load(edge(stack), {"embed": ("/v1/embeddings", lambda worker, n: {
+        "model": EMBED, "input": f"load {worker}-{n}: the quick brown fox"})}, threads=3)
 
 
 def test_every_service_comes_up_healthy_and_answers(stack: Compose) -> None:
@@ -69,7 +76,7 @@ def test_scaled_up_embed_replicas_all_serve_with_no_failed_request(stack: Compos
     stack.wait_healthy(replicas, 300)
     before = {name: stack.handled(name, "Embed") for name in replicas}
     first_served: dict[str, float] = {}
-    with Load(edge(stack), EMBED) as load:
+    with embeddings(stack) as load:
         started = time.monotonic()
 
         def all_served() -> bool:
@@ -93,7 +100,7 @@ def test_a_crashed_embed_replica_fails_no_embedding_and_is_restarted(stack: Comp
     replicas = stack.containers("embed")
     assert len(replicas) == REPLICAS, "runs after the scale-up test"
     victim, survivors = replicas[-1], replicas[:-1]
-    with Load(edge(stack), EMBED) as load:
+    with embeddings(stack) as load:
         wait_until(lambda: len(load.outcomes) >= 20, 60, "load before the kill")
         before = {name: stack.handled(name, "Embed") for name in survivors}
         killed_at = time.monotonic()
@@ -111,7 +118,7 @@ def test_a_crashed_embed_replica_fails_no_embedding_and_is_restarted(stack: Comp
 def test_while_triton_is_down_requests_get_503_with_retry_after_then_all_comes_back(
         stack: Compose, results: dict[str, Any]) -> None:
     (triton,) = stack.containers("triton")
-    with Load(edge(stack), EMBED) as load:
+    with embeddings(stack) as load:
         wait_until(lambda: len(load.outcomes) >= 20, 60, "load before the kill")
         killed_at = time.monotonic()
         stack.crash(triton)
@@ -120,7 +127,7 @@ def test_while_triton_is_down_requests_get_503_with_retry_after_then_all_comes_b
                             json={"model": RERANK, "query": "q", "documents": ["a", "b"]})
         wait_until(lambda: stack.healthy(triton), RESTART_WAIT_S, "Triton restarted by its restart policy")
         healthy_at = time.monotonic()
-        wait_until(lambda: load.succeeded_after(healthy_at), 300, "embeddings answered again after Triton's restart")
+        wait_until(lambda: load.ok_since(healthy_at), 300, "embeddings answered again after Triton's restart")
         back_after = round(time.monotonic() - killed_at, 1)
     failed = load.failed(killed_at)
     statuses = sorted({str(o.status) for o in failed})

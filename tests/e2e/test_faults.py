@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ import pytest
 
 from launcher.healthcheck import probe
 from launcher.stack import LocalStack, grpc_serving, http_ok
+from tests.support.load import Load
 from tests.support.openai_schema import validate
 from tests.support.ports import free_port, wait_until
 from tests.support.stack import TESTS, stack_settings
@@ -191,44 +191,16 @@ def test_a_killed_service_503s_its_routes_and_the_others_keep_working(private: P
         assert down.headers["retry-after"] == "1"
 
 
-@dataclass
-class Load:
-    """Embeddings and chat requests in a loop from two threads, each outcome recorded."""
-
-    url: str
-    results: list[tuple[str, int, float, float, str]] = field(default_factory=list)  # kind, status, end, s, body
-    stop: threading.Event = field(default_factory=threading.Event)
-    threads: list[threading.Thread] = field(default_factory=list)
-
-    def _loop(self, kind: str, path: str, body: dict[str, Any]) -> None:
-        with httpx.Client(base_url=self.url, timeout=60) as http:
-            while not self.stop.is_set():
-                start = time.monotonic()
-                response = http.post(path, json=body)
-                end = time.monotonic()
-                self.results.append((kind, response.status_code, end, end - start, response.text))
-                time.sleep(0.02)
-
-    def __enter__(self) -> Load:
-        for args in (("embed", "/v1/embeddings", {"model": EMBED, "input": ["load", "more load"]}),
-                     ("chat", "/v1/chat/completions", {"model": CHAT, "messages": HI, "max_tokens": 4})):
-            self.threads.append(threading.Thread(target=self._loop, args=args, daemon=True))
-            self.threads[-1].start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.stop.set()
-        for thread in self.threads:
-            thread.join(30)
-
-    def ok_since(self, since: float) -> set[str]:
-        return {kind for kind, status, end, *_ in list(self.results) if status == 200 and end > since}
+def embed_and_chat(url: str) -> Load:
+    """Embeddings and chat requests in a loop from two threads."""
+    return Load(url, {"embed": ("/v1/embeddings", {"model": EMBED, "input": ["load", "more load"]}),
+                      "chat": ("/v1/chat/completions", {"model": CHAT, "messages": HI, "max_tokens": 4})})
 
 
 def test_triton_stopped_under_load_then_back_with_no_service_restart(private: Private) -> None:
     stack, triton = private.stack, private.triton
     pids = [process.pid for _, process in stack.children]
-    with Load(stack.edge_url) as load, httpx.Client(base_url=stack.edge_url, timeout=30) as http:
+    with embed_and_chat(stack.edge_url) as load, httpx.Client(base_url=stack.edge_url, timeout=30) as http:
         wait_until(lambda: load.ok_since(0) == {"embed", "chat"}, 20, "requests to succeed")
         stopping = time.monotonic()
         triton.kill()
@@ -243,14 +215,14 @@ def test_triton_stopped_under_load_then_back_with_no_service_restart(private: Pr
         assert_error(stream, 503, "service_unavailable")
         assert_error(http.post("/v1/rerank", json={"model": RERANK, "query": "q", "documents": ["a"]}), 503)
         # Sent after Triton died (one in flight at that moment may still have been answered in full).
-        down = [r for r in load.results if r[2] - r[3] > stopped]
-        assert {kind for kind, *_ in down} == {"embed", "chat"}
-        for kind, status, _, seconds, text in down:
-            assert status == 503, (kind, status, text)
-            assert seconds < 5, (kind, seconds)  # fails fast, no hang
-            validate(json.loads(text), "ErrorResponse")
-        during = [(kind, status, text) for kind, status, end, _, text in load.results if end > stopping]
-        assert all(status in (200, 503) for _, status, _ in during), during
+        down = [o for o in load.outcomes if o.started > stopped]
+        assert {o.name for o in down} == {"embed", "chat"}
+        for o in down:
+            assert o.status == 503, o
+            assert o.seconds < 5, o  # fails fast, no hang
+            validate(json.loads(o.text), "ErrorResponse")
+        during = load.since(stopping)
+        assert all(o.status in (200, 503) for o in during), during
 
         private.start_triton(triton.http_port, triton.grpc_port, free_port())
         back = time.monotonic()

@@ -28,7 +28,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -39,6 +38,7 @@ import httpx
 import pytest
 
 from launcher.stack import grpc_serving, http_ok
+from tests.support.load import Load, Outcome
 from tests.support.ports import free_port, wait_until
 from tests.support.stack import TESTS
 from tritongate.settings import DEPLOY_DIR
@@ -196,70 +196,17 @@ def start_up(root: Path, models_dir: Path, services: tuple[str, ...], edge_worke
     return up
 
 
-# Load: each service's model in a loop, every outcome recorded.
-
-@dataclass
-class Outcome:
-    service: str
-    started: float
-    ended: float
-    status: int  # 0: a connection error, twice
-    code: str | None  # the OpenAI error's
-    text: str
-
-
-@dataclass
-class Load:
-    url: str
-    outcomes: list[Outcome] = field(default_factory=list)
-    stop: threading.Event = field(default_factory=threading.Event)
-    threads: list[threading.Thread] = field(default_factory=list)
-
-    def _send(self, http: httpx.Client, path: str, body: dict[str, Any]) -> tuple[int, str | None, str]:
-        for attempt in (1, 2):
-            try:
-                response = http.post(path, json=body)
-                code = response.json()["error"]["code"] if response.status_code != 200 else None
-                return response.status_code, code, response.text
-            except httpx.TransportError as exc:  # retried once: httpx opens a new connection
-                if attempt == 2:
-                    return 0, None, repr(exc)
-        raise AssertionError("unreachable")
-
-    def _loop(self, service: str) -> None:
-        path, body = REQUESTS[service]
-        with httpx.Client(base_url=self.url, timeout=60) as http:
-            while not self.stop.is_set():
-                started = time.monotonic()
-                status, code, text = self._send(http, path, body)
-                self.outcomes.append(Outcome(service, started, time.monotonic(), status, code, text))
-                time.sleep(0.02)
-
-    def __enter__(self) -> Load:
-        for service in REQUESTS:
-            self.threads.append(threading.Thread(target=self._loop, args=(service,), daemon=True))
-            self.threads[-1].start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.stop.set()
-        for thread in self.threads:
-            thread.join(60)
-
-    def first_ok(self, service: str, since: float) -> float | None:
-        """When the first request to `service` sent after `since` succeeded."""
-        return next((o.ended for o in list(self.outcomes)
-                     if o.service == service and o.started > since and o.status == 200), None)
-
-    def all_ok_since(self, since: float) -> bool:
-        return all(self.first_ok(service, since) is not None for service in REQUESTS)
+def service_load(url: str) -> Load:
+    """Each service's model in a loop; a request that gets no HTTP answer (a killed edge worker held its
+    connection) is sent once more, on a new connection."""
+    return Load(url, REQUESTS, retry_transport=True)
 
 
 def unexpected(outcomes: list[Outcome], outages: dict[str, tuple[float, float]]) -> list[Outcome]:
     """The failures that no outage explains: anything but 200, except a 503 `service_unavailable` for a
     request to a service that was down (sent before it was answering again, answered after it was killed)."""
     def explained(o: Outcome) -> bool:
-        killed, back = outages.get(o.service, (float("inf"), 0.0))
+        killed, back = outages.get(o.name, (float("inf"), 0.0))
         return o.status == 503 and o.code == "service_unavailable" and o.ended >= killed and o.started <= back
 
     return [o for o in outcomes if o.status != 200 and not explained(o)]
@@ -289,8 +236,8 @@ def kill_service(up: Command, load: Load, service: str) -> tuple[float, float]:
 
 def test_killed_services_and_an_edge_worker_come_back_while_the_others_serve(up: Command) -> None:
     outages: dict[str, tuple[float, float]] = {}
-    with Load(up.url) as load:
-        wait_until(lambda: load.all_ok_since(0), 60, "every model to answer")
+    with service_load(up.url) as load:
+        wait_until(lambda: load.ok_since(0) == set(REQUESTS), 60, "every model to answer")
         for service in ("embed", "llm", "rerank"):
             outages[service] = kill_service(up, load, service)
 
@@ -303,9 +250,9 @@ def test_killed_services_and_an_edge_worker_come_back_while_the_others_serve(up:
         wait_until(lambda: len(fresh := set(up.pids("edge")) - set(workers)) == 1
                    and listens(fresh.pop(), up.edge_port), BACK_S, "a new edge worker on the port")
         back = time.monotonic()
-        wait_until(lambda: load.all_ok_since(back), BACK_S, "every model after the edge worker's restart")
+        wait_until(lambda: load.ok_since(back) == set(REQUESTS), BACK_S, "every model after the edge worker's restart")
     assert not unexpected(load.outcomes, outages), unexpected(load.outcomes, outages)[:5]
-    assert {o.service for o in load.outcomes if o.started > killed} == set(REQUESTS)
+    assert {o.name for o in load.outcomes if o.started > killed} == set(REQUESTS)
     # The killed worker's requests in progress left the metrics with it (they are marked dead).
     metrics = httpx.get(f"{up.url}/metrics", timeout=10).text
     in_progress = re.findall(r'^http_requests_in_progress\{method="POST"\} (\S+)$', metrics, re.MULTILINE)

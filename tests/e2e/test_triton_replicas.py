@@ -25,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from bench.common import BENCH_MODELS
 from launcher.stack import LocalStack
 from tests.support.backends import echo_variants
+from tests.support.load import Load
 from tests.support.openai_schema import validate
 from tests.support.ports import free_port, wait_until
 from tests.support.stack import TESTS, metrics_ports, stack_settings
@@ -111,38 +112,10 @@ def replicas(models_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
             triton.stop()
 
 
-class Embeddings:
-    """Embedding requests through the edge from `threads` threads, one after another, each status recorded."""
-
-    def __init__(self, url: str, model: str, threads: int = 4) -> None:
-        self.url, self.model = url, model
-        self.outcomes: list[tuple[int, str]] = []  # (status, body when it failed)
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._loop, args=(i,), daemon=True) for i in range(threads)]
-
-    def _loop(self, worker: int) -> None:
-        with httpx.Client(base_url=self.url, timeout=60) as http:
-            for i in range(10**9):
-                if self._stop.is_set():
-                    return
-                try:
-                    response = http.post("/v1/embeddings", json={"model": self.model, "input": f"text {worker} {i}"})
-                    self.outcomes.append((response.status_code, "" if response.is_success else response.text))
-                except httpx.HTTPError as exc:
-                    self.outcomes.append((0, repr(exc)))
-
-    def failures(self) -> list[tuple[int, str]]:
-        return [outcome for outcome in list(self.outcomes) if outcome[0] != 200]
-
-    def __enter__(self) -> Embeddings:
-        for thread in self._threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(60)
+def embeddings(url: str, model: str, threads: int = 4) -> Load:
+    """Embedding requests through the edge from `threads` threads, one right after another."""
+    return Load(url, {"embed": ("/v1/embeddings", lambda worker, i: {"model": model, "input": f"text {worker} {i}"})},
+                threads=threads, pause_s=0)
 
 
 def service_samples(replicas: Replicas, service: str, metric: str) -> dict[str, float]:
@@ -157,9 +130,9 @@ def service_samples(replicas: Replicas, service: str, metric: str) -> dict[str, 
 def test_both_tritons_take_calls_and_an_address_where_nothing_listens_is_named(replicas: Replicas) -> None:
     assert replicas.stack is not None
     before = {name: replicas.served(name, EMBED) for name in ("a", "b")}
-    with Embeddings(replicas.stack.edge_url, EMBED) as load:
+    with embeddings(replicas.stack.edge_url, EMBED) as load:
         wait_until(lambda: len(load.outcomes) >= 400, 120, "400 embeddings")
-    assert load.failures() == []
+    assert load.failed() == []
     served = {name: replicas.served(name, EMBED) - before[name] for name in ("a", "b")}
     assert min(served.values()) > 0.25 * sum(served.values()), served  # two equal Tritons share the load
     calls = service_samples(replicas, "embed", "tritongate_triton_endpoint_calls_total")
@@ -173,9 +146,9 @@ def test_both_tritons_take_calls_and_an_address_where_nothing_listens_is_named(r
 def test_a_slow_triton_takes_fewer_calls(replicas: Replicas) -> None:
     assert replicas.stack is not None
     before = {name: replicas.served(name, UNEVEN) for name in ("a", "b")}
-    with Embeddings(replicas.stack.edge_url, UNEVEN, threads=8) as load:
+    with embeddings(replicas.stack.edge_url, UNEVEN, threads=8) as load:
         wait_until(lambda: len(load.outcomes) >= 400, 120, "400 embeddings")
-    assert load.failures() == []
+    assert load.failed() == []
     served = {name: replicas.served(name, UNEVEN) - before[name] for name in ("a", "b")}
     assert served["b"] > 0 and served["b"] * 3 < served["a"], served  # round robin would split them evenly
 
@@ -206,7 +179,7 @@ def test_a_triton_killed_under_load_costs_no_embedding_and_takes_calls_again_whe
     assert replicas.stack is not None
     b = replicas.tritons["b"]
     started = time.monotonic()
-    with Embeddings(replicas.stack.edge_url, EMBED) as load:
+    with embeddings(replicas.stack.edge_url, EMBED) as load:
         before = replicas.served("b", EMBED)
         wait_until(lambda: replicas.served("b", EMBED) > before, 60, "Triton B to answer embeddings")
         streams = [Stream(replicas.stack.edge_url) for _ in range(2)]  # one on each Triton: fewest in flight
@@ -220,7 +193,7 @@ def test_a_triton_killed_under_load_costs_no_embedding_and_takes_calls_again_whe
         replicas.start_triton("b", (b.http_port, b.grpc_port, free_port())).wait_ready(300)
         wait_until(lambda: replicas.served("b", EMBED) > 0, 120, "the restarted Triton to answer embeddings")
         wait_until(lambda: time.monotonic() - started > LOAD_S, LOAD_S, f"{LOAD_S} s of load")
-    assert load.failures() == [], load.failures()[:5]
+    assert load.failed() == [], load.failed()[:5]
 
     [failed] = [stream.events() for stream in streams if any(event.name == "error" for event in stream.events())]
     [finished] = [stream.events() for stream in streams if not any(event.name for event in stream.events())]
