@@ -177,8 +177,10 @@ class Turn:
     object = "interactive"
     prefix = "interactive"
 
-    def __init__(self, body: InteractiveRequest, session_id: int, session: Session, sessions: Sessions) -> None:
+    def __init__(self, body: InteractiveRequest, session_id: int, session: Session, sessions: Sessions,
+                 longest_s: float) -> None:
         self.body = body
+        self.longest_s = longest_s  # the request's deadline: no watching beyond it, whatever becomes of the turn
         self.session_id = session_id
         self.key = str(session_id)
         self.session = session
@@ -194,14 +196,16 @@ class Turn:
         self._watcher = asyncio.create_task(self._watch(asyncio.current_task()))
 
     async def _watch(self, task: asyncio.Task[Any] | None) -> None:
-        while True:
+        loop = asyncio.get_running_loop()
+        until = loop.time() + self.longest_s
+        while loop.time() < until:
             await asyncio.sleep(CANCEL_POLL_S)
             with contextlib.suppress(StoreUnavailable):  # the turn itself reports a store that went away
                 if await self.sessions.cancels.get(self.key) is not None:
-                    break
-        self.cancelled = True
-        if not self.body.stream and task is not None:
-            task.cancel()
+                    self.cancelled = True
+                    if not self.body.stream and task is not None:
+                        task.cancel()
+                    return
 
     def close(self) -> None:
         if self._watcher is not None:

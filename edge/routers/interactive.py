@@ -41,7 +41,7 @@ async def chat_interactive(body: interactive.InteractiveRequest, request: Reques
         await sessions.conversations.delete(str(session_id))
         return _json(interactive.answer("", session_id, history_tokens=session.tokens))
     proto = chat.to_proto(interactive.to_chat(body, session))
-    turn = interactive.Turn(body, session_id, session, sessions)
+    turn = interactive.Turn(body, session_id, session, sessions, settings.request_timeout_s)
     await turn.begin()
     try:
         with chat_params_renamed(interactive.INTERACTIVE_PARAM):
