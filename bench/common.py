@@ -26,6 +26,7 @@ from typing import Any
 
 from launcher.stack import LocalStack
 from launcher.workers import parse_workers
+from tritongate import procs
 from tritongate.settings import DEPLOY_DIR, Settings
 
 # The benchmarks' own Triton models (embed-echo and its variants), beside deploy/triton's.
@@ -79,15 +80,9 @@ def sections_services(sections: dict[str, list[dict[str, Any]]]) -> list[str]:
     return [service.name for service in SERVICES if sections.get(service.section)]
 
 
-def stat_fields(pid: int | str) -> list[str]:
-    """The fields of /proc/<pid>/stat after the command name (which may hold spaces and parentheses):
-    [0] the state, [1] the parent's pid, [11] and [12] user and system clock ticks."""
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-
-
 def process_cpu(pid: int) -> float:
     """User + system seconds of a process, all its threads."""
-    fields = stat_fields(pid)
+    fields = procs.stat_fields(pid)
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
@@ -117,14 +112,7 @@ class CpuMeter:
 
 def process_tree(pid: int) -> list[int]:
     """`pid` and its child processes (Triton and its Python-backend stubs, which run the models)."""
-    children = []
-    for entry in Path("/proc").glob("[0-9]*"):
-        try:
-            if int(stat_fields(entry.name)[1]) == pid:
-                children.append(int(entry.name))
-        except (OSError, ValueError, IndexError):
-            continue  # a process that ended meanwhile
-    return [pid, *children]
+    return [pid, *procs.children(pid)]
 
 
 class ModelMeter:

@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tritongate import procs
 from tritongate.settings import Settings
 
 
@@ -74,6 +75,16 @@ def server_env(models_dir: Path) -> dict[str, str]:
     return env
 
 
+def python_backend_shm(pids: Sequence[int]) -> set[Path]:
+    """The Python backend's shared-memory files that the processes `pids` map."""
+    regions = set()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            maps = Path(f"/proc/{pid}/maps").read_text().splitlines()
+            regions |= {Path(line.split()[-1]) for line in maps if "/dev/shm/triton_python_backend" in line}
+    return regions
+
+
 @dataclass
 class TritonProcess:
     process: subprocess.Popen[bytes]
@@ -116,24 +127,10 @@ class TritonProcess:
         raise TritonError(f"tritonserver was not ready after {timeout:.0f} s: {self.last_error()} "
                           f"(log: {self.log_path})")
 
-    def _group(self) -> list[int]:
-        """The processes of Triton's group: Triton and its Python-backend stubs (which outlive a Triton
-        that was killed, until the group is)."""
-        pids = []
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            with contextlib.suppress(OSError, IndexError, ValueError):
-                if int(stat.read_text().rsplit(")", 1)[1].split()[2]) == self.process.pid:
-                    pids.append(int(stat.parent.name))
-        return pids
-
     def _shm_regions(self) -> set[Path]:
-        """The Python backend's shared-memory files that Triton and its stubs map (they share them)."""
-        regions = set()
-        for pid in self._group():
-            with contextlib.suppress(OSError):
-                maps = Path(f"/proc/{pid}/maps").read_text().splitlines()
-                regions |= {Path(line.split()[-1]) for line in maps if "/dev/shm/triton_python_backend" in line}
-        return regions
+        """The Python backend's shared-memory files that Triton and its stubs map (the stubs outlive a
+        Triton that was killed, until its process group is)."""
+        return python_backend_shm(procs.group(self.process.pid))
 
     def stop(self, timeout: float = 30.0) -> None:
         """SIGTERM lets Triton unload models and stop its Python stubs; then the group is killed."""

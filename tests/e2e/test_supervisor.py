@@ -6,8 +6,8 @@ and its output captured.
   worker is SIGKILLed in turn: each comes back (its port answers again), the log says which one was
   restarted, and no request to another service's model fails meanwhile. Requests to the killed service's
   model may get a 503 (`service_unavailable`) until it is back. A request that fails with a connection error is
-  retried once on a new connection (the killed edge worker's requests in flight or in its accept queue);
-  the retry must succeed.
+  retried once on a new connection half a second later (the killed edge worker's requests in flight or in
+  its accept queue: a connection opened at once may still land there); the retry must succeed.
 - SIGINT while a restart waits for its delay stops everything: no process of the stack remains, nor the
   edge workers' metrics directory.
 - A smaller stack (the echo LLM only): Triton SIGKILLed comes back on its ports, without its old stubs or
@@ -41,7 +41,9 @@ from launcher.stack import grpc_serving, http_ok
 from tests.support.load import Load, Outcome
 from tests.support.ports import free_port, wait_until
 from tests.support.stack import TESTS
+from tritongate import procs
 from tritongate.settings import DEPLOY_DIR
+from tritongate.triton_local import python_backend_shm
 
 CHAT, EMBED, RERANK = "ft-echo", "all-minilm-l6-v2", "minilm-rerank"
 MODELS = {"llm": (TESTS / "triton_models" / CHAT, "llm"), "embed": (DEPLOY_DIR / "triton" / EMBED, "embedding"),
@@ -56,23 +58,8 @@ BACK_S = 180
 
 # The process tree, from /proc.
 
-def _stat(pid: int) -> list[str]:
-    """The fields of /proc/<pid>/stat after the command name: state, ppid, pgrp, ..."""
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-
-
-def _processes() -> dict[int, list[str]]:
-    found = {}
-    for entry in Path("/proc").glob("[0-9]*"):
-        try:
-            found[int(entry.name)] = _stat(int(entry.name))
-        except (OSError, IndexError):
-            continue  # ended meanwhile
-    return found
-
-
 def descendants(pid: int) -> set[int]:
-    processes = _processes()
+    processes = procs.processes()
     found: set[int] = set()
     parents = {pid}
     while parents:
@@ -80,13 +67,6 @@ def descendants(pid: int) -> set[int]:
         found |= children
         parents = children
     return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        return _stat(pid)[0] not in ("Z", "X")
-    except (OSError, IndexError):
-        return False
 
 
 def role(pid: int) -> str:
@@ -142,7 +122,7 @@ class Command:
         return self.log.read_text(errors="replace")
 
     def pids(self, component: str) -> list[int]:
-        return sorted(pid for pid in descendants(self.process.pid) if role(pid) == component and alive(pid))
+        return sorted(pid for pid in descendants(self.process.pid) if role(pid) == component and procs.alive(pid))
 
     def says(self, pattern: str) -> bool:
         return re.search(pattern, self.output(), re.MULTILINE) is not None
@@ -157,7 +137,7 @@ class Command:
             except subprocess.TimeoutExpired:
                 self.process.kill()
         for pid in tree:
-            if alive(pid):
+            if procs.alive(pid):
                 os.kill(pid, signal.SIGKILL)
         return self.process.wait()
 
@@ -272,7 +252,7 @@ def test_sigint_while_a_restart_waits_stops_everything(up: Command) -> None:
     up.process.send_signal(signal.SIGINT)  # its restart waits at least a second
     assert up.process.wait(120) == 0
     assert "[tritongate] stopping" in up.output()
-    assert [pid for pid in tree if alive(pid)] == []
+    assert [pid for pid in tree if procs.alive(pid)] == []
     assert not shared.exists()
 
 
@@ -281,17 +261,15 @@ def test_triton_killed_comes_back_then_a_service_that_cannot_start_stops_the_sta
     small = start_up(tmp_path, models_dir, ("llm",), edge_workers=1)
     try:
         [triton] = small.pids("triton")
-        group = {pid for pid, fields in _processes().items() if int(fields[2]) == triton}
-        regions = {Path(line.split()[-1]) for pid in group
-                   for line in Path(f"/proc/{pid}/maps").read_text().splitlines()
-                   if "/dev/shm/triton_python_backend" in line}
+        group = procs.group(triton)
+        regions = python_backend_shm(group)
         os.kill(triton, signal.SIGKILL)
         wait_until(lambda: small.says(r"triton was killed by SIGKILL after [\d.]+ s; restart 1 in"), 30,
                    "the log to say that Triton restarts")
         wait_until(lambda: http_ok(f"http://127.0.0.1:{small.ports['triton_http']}/v2/health/ready"), START_S,
                    "Triton on the same port")
         assert small.pids("triton") not in ([], [triton])
-        assert [pid for pid in group if alive(pid)] == [] and regions and not any(r.exists() for r in regions)
+        assert [pid for pid in group if procs.alive(pid)] == [] and regions and not any(r.exists() for r in regions)
         path, body = REQUESTS["llm"]
         wait_until(lambda: httpx.post(f"{small.url}{path}", json=body, timeout=30).status_code == 200, BACK_S,
                    "chat after Triton's restart")
@@ -307,7 +285,7 @@ def test_triton_killed_comes_back_then_a_service_that_cannot_start_stops_the_sta
                          r"a row; the last time it exited with code 1$", output, re.MULTILINE), output[-3000:]
         assert re.search(r"llm exited with code 1 after [\d.]+ s; restart \d in [24] s", output)
         assert "tritongate llm: error:" in output  # the service's own reason, above
-        assert [pid for pid in tree if alive(pid)] == []
+        assert [pid for pid in tree if procs.alive(pid)] == []
     finally:
         small.end()
 
@@ -330,7 +308,7 @@ def test_edge_workers_restart_a_killed_worker_and_stop_when_none_can_start(tmp_p
         assert http_ok(f"{edge.url}/health/live")
         tree = descendants(edge.process.pid)
         assert edge.end(signal.SIGTERM) == 0
-        assert [pid for pid in tree if alive(pid)] == [] and not shared.exists()
+        assert [pid for pid in tree if procs.alive(pid)] == [] and not shared.exists()
     finally:
         edge.end()
 
