@@ -92,6 +92,13 @@ class ModelInfo(_Section):
 
 
 DNS_SCHEME = "dns:///"
+
+
+def without_scheme(address: str) -> str:
+    """`address` without the `grpc://`, `http://` or `https://` that Denglin's files may put before it."""
+    return re.sub(r"^(grpc|https?)://", "", address).rstrip("/")
+
+
 _HOST_PORT = re.compile(r"(?:\[(?P<ipv6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9_.-]+))(?::(?P<port>[0-9]+))?")
 
 
@@ -118,7 +125,7 @@ def parse_triton_address(text: str) -> TritonAddress:
     default); ValueError saying what is wrong."""
     text = text.strip()
     dns = text.startswith(DNS_SCHEME)
-    rest = text.removeprefix(DNS_SCHEME) if dns else re.sub(r"^(grpc|https?)://", "", text).rstrip("/")
+    rest = text.removeprefix(DNS_SCHEME) if dns else without_scheme(text)
     if not dns and re.match(r"^[a-z][a-z0-9+.-]*:(?!\d)", rest):
         raise ValueError(f"`{text}`: write `host:port` or `{DNS_SCHEME}host:port` (a DNS name re-resolved "
                          "as its addresses change)")
@@ -175,7 +182,7 @@ class TritonModelEntry(_Section):
     @field_validator("url")
     @classmethod
     def _strip_scheme(cls, value: str) -> str:
-        return ",".join(re.sub(r"^(grpc|https?)://", "", item).rstrip("/") for item in address_list(value))
+        return ",".join(without_scheme(item) for item in address_list(value))
 
     @property
     def triton_name(self) -> str:
