@@ -28,9 +28,16 @@ _COMMON = """
 local function purge()
   redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', tonumber(ARGV[2]) - tonumber(ARGV[3]))
 end
+local function used()
+  redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
+end
 local function store(value)
   redis.call('SET', KEYS[1], value, 'PX', ARGV[3])
-  redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
+  used()
+end
+local function touch()  -- a value read: its TTL starts again, without writing it again
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+  used()
 end
 local function trim()
   local extra = redis.call('ZCARD', KEYS[2]) - tonumber(ARGV[4])
@@ -44,7 +51,7 @@ GET = _COMMON + """
 local used = redis.call('ZSCORE', KEYS[2], ARGV[1])
 if not used or tonumber(used) < tonumber(ARGV[2]) - tonumber(ARGV[3]) then return false end
 local value = redis.call('GET', KEYS[1])
-if value then store(value) end
+if value then touch() end
 return value
 """
 PUT = _COMMON + """
@@ -55,12 +62,13 @@ trim()
 ADD = _COMMON + """
 purge()
 local value = redis.call('ZSCORE', KEYS[2], ARGV[1]) and redis.call('GET', KEYS[1])
-if not value then
-  if redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[4]) then return false end
-  value = ARGV[5]
+if value then
+  touch()
+  return value
 end
-store(value)
-return value
+if redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[4]) then return false end
+store(ARGV[5])
+return ARGV[5]
 """
 COUNT = _COMMON + """
 purge()
