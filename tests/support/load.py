@@ -13,6 +13,7 @@ import httpx
 
 # A loop's request: its path, and its body (or what makes the body of a thread's n-th request).
 Body = dict[str, Any] | Callable[[int, int], dict[str, Any]]
+RETRY_AFTER_S = 0.5  # before a request that got no answer is sent again (with `retry_transport`)
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,8 @@ class Outcome:
 class Load:
     """`threads` threads per loop (`loops`: name → (path, body)), each sending one request after another
     on its own connection, `pause_s` apart. With `retry_transport`, a request that gets no HTTP answer is
-    sent once more (httpx then opens a new connection: a process that was killed holding it)."""
+    sent once more, RETRY_AFTER_S later, on a new connection (httpx opens one): the process that held the
+    connection was killed, and a connection opened at once may still land in its closing socket's queue."""
 
     def __init__(self, url: str, loops: dict[str, tuple[str, Body]], threads: int = 1, pause_s: float = 0.02,
                  retry_transport: bool = False, limit_s: float = 600.0, max_requests: int = 50_000) -> None:
@@ -77,6 +79,7 @@ class Load:
                 response = http.post(path, json=body)
             except httpx.HTTPError as exc:
                 if self.retry_transport and attempt == 1:
+                    time.sleep(RETRY_AFTER_S)
                     continue
                 return Outcome(name, started, time.monotonic(), 0, text=f"{type(exc).__name__}: {exc}")
             failed = not response.is_success
