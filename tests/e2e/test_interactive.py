@@ -23,7 +23,7 @@ ECHO = "ft-echo"
 SLOW = "ft-echo-slow"
 
 
-def lmdeploy_payload(prompt: str, session_id: int, interactive_mode: bool, stream: bool = False,
+def lmdeploy_payload(prompt: str | list[dict[str, str]], session_id: int, interactive_mode: bool, stream: bool = False,
                      **kwargs: Any) -> dict[str, Any]:
     """The body APIClient.chat_interactive_v1 posts, with its defaults (`model` goes in its kwargs)."""
     return {"prompt": prompt, "image_url": None, "session_id": session_id, "interactive_mode": interactive_mode,
@@ -60,13 +60,18 @@ def test_history_grows_by_each_turn_and_interactive_mode_false_ends_the_session(
     assert ended["text"] == "" and ended["history_tokens"] == fresh["input_tokens"] + fresh["tokens"]
 
 
+# A turn that takes seconds on the slow echo (50 ms a token): it repeats its prompt, and this one reaches its
+# end token only after its long system message (with the default system prompt it would end within 1 s).
+LONG_TURN = [{"role": "system", "content": "tick tock " * 30}, {"role": "user", "content": "tick tock"}]
+
+
 def test_cancel_stops_the_request_in_flight(http: httpx.Client) -> None:
     session = 1002
     lines: list[dict[str, Any]] = []
 
     def turn() -> None:
-        lines.extend(lmdeploy_read(http, lmdeploy_payload("tick tock", session, True, stream=True, model=SLOW,
-                                                          request_output_len=200)))
+        lines.extend(lmdeploy_read(http, lmdeploy_payload(LONG_TURN, session, True, stream=True, model=SLOW,
+                                                          request_output_len=140)))
 
     thread = threading.Thread(target=turn)
     thread.start()
@@ -74,15 +79,16 @@ def test_cancel_stops_the_request_in_flight(http: httpx.Client) -> None:
     cancelled = http.post("/v1/chat/interactive", json={"prompt": "", "session_id": session, "cancel": True})
     assert cancelled.status_code == 200 and cancelled.json()["text"] == ""
     thread.join(30)
-    assert not thread.is_alive() and lines and lines[-1]["finish_reason"] == "stop"
-    assert len(lines) < 100  # 200 tokens at the slow model's pace would take far longer
+    # The cancel's closing line: no tokens counted (a turn that ended by itself counts its answer's).
+    assert not thread.is_alive() and lines and lines[-1]["finish_reason"] == "stop" and lines[-1]["tokens"] == 0
+    assert len(lines) < 100
 
 
 def test_cancel_stops_a_request_that_is_not_streamed(http: httpx.Client) -> None:
     session = 1003
     answers: list[httpx.Response] = []
     thread = threading.Thread(target=lambda: answers.append(http.post("/v1/chat/interactive", json=lmdeploy_payload(
-        "tick tock", session, True, model=SLOW, request_output_len=200))))
+        LONG_TURN, session, True, model=SLOW, request_output_len=140))))
     thread.start()
     time.sleep(1.0)
     assert http.post("/v1/chat/interactive", json={"prompt": "", "session_id": session, "cancel": True}).is_success
