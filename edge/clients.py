@@ -13,7 +13,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
@@ -184,28 +184,33 @@ class LlmClient(ServiceClient):
     service = LLM
     stub: LlmServiceAsyncStub
 
-    async def generate(self, request: llm_pb2.GenerateRequest) -> Generation:
-        """Start a Generate stream (nothing is read yet)."""
+    async def generate(self, request: llm_pb2.GenerateRequest, names: Mapping[str, str] | None = None) -> Generation:
+        """Start a Generate stream (nothing is read yet). `names`: the client's name of each GenerateRequest
+        field it calls otherwise, for the parameter a refusal names."""
         await self._route_and_label(request.model)
         call = self.stub.Generate(request, timeout=self.timeout, metadata=request_metadata())
-        return Generation(call, self)
+        return Generation(call, self, names or {})
 
 
 class Generation:
     """One Generate stream: `accepted()` first (until then, a failure is an ordinary HTTP error with the
     right status), then `deltas()`. The usage that closes the stream goes on the Exchange."""
 
-    def __init__(self, call: Any, client: LlmClient) -> None:
+    def __init__(self, call: Any, client: LlmClient, names: Mapping[str, str]) -> None:
         self.call = call  # grpc.aio.UnaryStreamCall[GenerateRequest, GenerateResponse]
         self.client = client
+        self.names = names
         self.usage = common_pb2.Usage()
 
     async def _next(self) -> llm_pb2.GenerateResponse | None:
-        """The next message; None at the end of the stream; an OpenAIError on failure."""
+        """The next message; None at the end of the stream; an OpenAIError (naming the client's own
+        parameter) on failure."""
         try:
             message = await self.call.read()
         except grpc.aio.AioRpcError as exc:
-            raise self.client.failure(exc) from None
+            error = self.client.failure(exc)
+            error.param = self.names.get(error.param or "", error.param)
+            raise error from None
         return None if message is EOF_ else message
 
     async def accepted(self) -> llm_pb2.Accepted:
@@ -270,11 +275,27 @@ class ModelDirectory:
     async def of_kind(self, service: ServiceInfo) -> list[str]:
         return [card.id for card in (await self.models()).values() if card.kind == service.kind]
 
+    async def default(self, service: ServiceInfo, configured: str | None) -> str:
+        """The model of a request that names none: `configured` (the edge's setting) when set, else the
+        first model `service` lists."""
+        if configured:
+            return configured
+        models = await self.of_kind(service)
+        if not models:
+            self._raise_if_down(service)
+            raise OpenAIError(404, f"The {service.name} service serves no model.", "model", "model_not_found")
+        return models[0]
+
     async def find(self, model: str) -> common_pb2.ModelCard:
         found = (await self.models()).get(model) or (await self.models(max_age=0.5)).get(model)
         if found is None:
             raise model_not_found(model)
         return found
+
+    def _raise_if_down(self, service: ServiceInfo) -> None:
+        if service.name in self._down:
+            raise OpenAIError(503, f"The {service.name} service is unavailable; try again shortly.",
+                              code="service_unavailable", headers={"Retry-After": str(self.retry_after_s)}) from None
 
     async def route(self, model: Any, service: ServiceInfo) -> common_pb2.ModelCard:
         """The card of `model`, which `service` must serve: 404 when unknown, 400 when another service's,
@@ -284,10 +305,7 @@ class ModelDirectory:
         try:
             card = await self.find(model)
         except OpenAIError:
-            if service.name in self._down:
-                raise OpenAIError(503, f"The {service.name} service is unavailable; try again shortly.",
-                                  code="service_unavailable",
-                                  headers={"Retry-After": str(self.retry_after_s)}) from None
+            self._raise_if_down(service)
             raise
         if card.kind != service.kind:
             other = BY_KIND[card.kind].serves if card.kind in BY_KIND else "different"

@@ -113,6 +113,12 @@ def _param(loc: Sequence[int | str]) -> str | None:
     return text
 
 
+def _within(place: str, param: str | None) -> bool:
+    """Whether a rule's `place` names `param` more exactly: a rule across fields names its own parameter
+    (`param` None), and a field's rule may name a place inside the field (`input[3].content`)."""
+    return param is None or place.startswith((f"{param}[", f"{param}."))
+
+
 def from_validation(exc: RequestValidationError) -> OpenAIError:
     errors = exc.errors()
     first = errors[0] if errors else {"loc": (), "msg": "Invalid request", "type": ""}
@@ -124,7 +130,7 @@ def from_validation(exc: RequestValidationError) -> OpenAIError:
     param = _param(first.get("loc", ()))
     context: Any = first.get("ctx") or {}
     rule = context.get("error")
-    if isinstance(rule, ParamError) and param is None:  # a rule across fields names its own parameter
+    if isinstance(rule, ParamError) and rule.param and _within(rule.param, param):
         param = rule.param
     message = str(first.get("msg", "Invalid request"))
     if first.get("type") == "missing":

@@ -20,6 +20,7 @@ from fastapi import Request, Response
 from edge.cancel import until_disconnected
 from edge.clients import Generation, LlmClient
 from edge.endpoints.common import usage_object
+from edge.endpoints.generation import GenerationInput
 from edge.endpoints.llm_common import Collected, Shape
 from edge.sse import data_event, sse_response
 from tritongate.common.v1 import common_pb2
@@ -85,29 +86,29 @@ class ChunkFraming:
             yield data_event({**self.head, "choices": [], "usage": usage_object(usage)})
 
 
-async def generate(request: Request, client: LlmClient, proto: llm_pb2.GenerateRequest, shape: Shape, *,
-                   stream: bool, include_usage: bool, keepalive_s: float) -> Response:
+async def generate(request: Request, client: LlmClient, generation: GenerationInput, shape: Shape, *,
+                   include_usage: bool, keepalive_s: float) -> Response:
     """Chat and completions."""
-    return await run(request, client, proto, shape, stream=stream, keepalive_s=keepalive_s,
+    return await run(request, client, generation, shape, keepalive_s=keepalive_s,
                      framing=lambda head: ChunkFraming(shape, head, include_usage))
 
 
-async def run(request: Request, client: LlmClient, proto: llm_pb2.GenerateRequest, collector: Collector, *,
-              stream: bool, keepalive_s: float, framing: Callable[[dict[str, Any]], Framing],
+async def run(request: Request, client: LlmClient, generation_input: GenerationInput, collector: Collector, *,
+              keepalive_s: float, framing: Callable[[dict[str, Any]], Framing],
               respond: Callable[[AsyncGenerator[bytes, None], float], Response] = sse_response,
               persist: Callable[[], Awaitable[None]] | None = None) -> Response:
     """Any generation endpoint: `framing` writes its stream (as Server-Sent Events, unless `respond`
     writes it otherwise), `collector` its whole response. `persist` saves what the endpoint keeps of a
     finished generation (a stored Response, a session's turn), before the client sees the end."""
     head = {"id": f"{collector.prefix}-{uuid.uuid4().hex}", "object": collector.object,
-            "created": int(time.time()), "model": proto.model}
-    generation = await client.generate(proto)
+            "created": int(time.time()), "model": generation_input.model}
+    generation = await client.generate(generation_input.proto(), generation_input.names)
     try:
         accepted = await until_disconnected(request, generation.accepted())
     except BaseException:
         generation.cancel()
         raise
-    if stream:
+    if generation_input.stream:
         return respond(_events(generation, accepted, framing(head), persist), keepalive_s)
     try:
         body = await until_disconnected(request, _collect(generation, accepted, collector, head))

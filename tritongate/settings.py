@@ -67,6 +67,9 @@ class Settings(BaseSettings):
     llm_target: str = f"127.0.0.1:{LLM.default_port}"
     embed_target: str = f"127.0.0.1:{EMBED.default_port}"
     rerank_target: str = f"127.0.0.1:{RERANK.default_port}"
+    # The LLM of a request that names none (LMDeploy's interactive chat, `tritongate chat`); unset: the first
+    # LLM the llm service lists (the model configuration's order). /v1/models lists it first of the LLMs.
+    default_llm: str | None = None
     request_timeout_s: float = Field(600.0, description="Deadline for one generation request")
     unary_timeout_s: float = Field(60.0, description="Deadline for one embed or rerank request")
     list_models_timeout_s: float = 2.0

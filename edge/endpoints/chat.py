@@ -1,13 +1,14 @@
 """POST /v1/chat/completions: the request in the order of OpenAI's CreateChatCompletionRequest (our
-extensions last) with its rules, its GenerateRequest, and its response and stream chunks."""
+extensions last) with its rules, its generation input, and its response and stream chunks."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Self
 
-from pydantic import Field, PrivateAttr, ValidationInfo, WithJsonSchema, field_validator, model_validator
+from pydantic import Field, ValidationInfo, WithJsonSchema, field_validator, model_validator
 
 from edge.endpoints.common import UINT32_MAX, Head, OpenAIRequest, ParamError, ResponseModel, Usage, usage_object
+from edge.endpoints.generation import GenerationInput
 from edge.endpoints.llm_common import Collected, GenerationRequest
 from edge.endpoints.tools import (
     MAX_TOOLS,
@@ -140,32 +141,21 @@ class ChatCompletionRequest(GenerationRequest):
     # Extension (vLLM, SGLang): extra variables for the chat template, e.g. {"enable_thinking": false}.
     chat_template_kwargs: dict[str, Any] | None = None
 
-    _guide: llm_pb2.Guide | None = PrivateAttr(None)
-    _tools: list[llm_pb2.Tool] = PrivateAttr(default_factory=list)
-    _choice: llm_pb2.ToolChoice = PrivateAttr(default_factory=llm_pb2.ToolChoice)
-
     @model_validator(mode="after")
     def _rules(self) -> Self:
         if self.top_logprobs and not self.logprobs:
             raise ParamError("'top_logprobs' requires 'logprobs' to be true.", "top_logprobs")
-        self._guide = response_guide(self.response_format)
-        if self.functions is not None or self.function_call is not None:
-            if self.tools is not None or self.tool_choice is not None:
-                raise ParamError("use 'tools' and 'tool_choice', or the legacy 'functions' and 'function_call', "
-                                 "not both", "functions")
-            self._tools = tool_list(self.functions, "functions") if self.functions is not None else []
-            self._choice = tool_choice(self.function_call, self._tools, "function_call")
-        else:
-            self._tools = tool_list(self.tools, "tools") if self.tools is not None else []
-            self._choice = tool_choice(self.tool_choice, self._tools, "tool_choice")
-        if self._guide is not None and self._choice.mode in ("required", "function"):
-            raise ParamError("'response_format' cannot be combined with a 'tool_choice' that forces a call",
-                             "response_format")
+        if self.legacy_functions and (self.tools is not None or self.tool_choice is not None):
+            raise ParamError("use 'tools' and 'tool_choice', or the legacy 'functions' and 'function_call', not both",
+                             "functions")
         return self
 
     @property
     def legacy_functions(self) -> bool:
         return self.functions is not None or self.function_call is not None
+
+
+LEGACY_NAMES = {"tools": "functions", "tool_choice": "function_call"}
 
 
 def message_proto(message: ChatMessage) -> llm_pb2.ChatMessage:
@@ -175,22 +165,24 @@ def message_proto(message: ChatMessage) -> llm_pb2.ChatMessage:
                                name=message.name or "", tool_calls=calls, tool_call_id=tool_call_id)
 
 
-def to_proto(body: ChatCompletionRequest) -> llm_pb2.GenerateRequest:
-    chat = llm_pb2.Chat(messages=[message_proto(m) for m in body.messages], tools=body._tools,
-                        tool_choice=body._choice)
+def generation_input(body: ChatCompletionRequest) -> GenerationInput:
     if body.legacy_functions:
-        chat.parallel_tool_calls = False  # a legacy answer holds one function_call
-    elif body.parallel_tool_calls is not None:
-        chat.parallel_tool_calls = body.parallel_tool_calls
-    proto = body.proto(body.max_completion_tokens or body.max_tokens, chat=chat,
-                       logprobs=bool(body.logprobs), top_logprobs=body.top_logprobs or 0)
-    if body._guide is not None:
-        proto.guide.CopyFrom(body._guide)
+        names: dict[str, str] = LEGACY_NAMES
+        tools = tool_list(body.functions, "functions", "functions") if body.functions is not None else []
+        choice = tool_choice(body.function_call, tools, "function_call", "functions")
+    else:
+        names = {}
+        tools = tool_list(body.tools, "tools") if body.tools is not None else []
+        choice = tool_choice(body.tool_choice, tools, "tool_choice")
     variables = {**({"reasoning_effort": body.reasoning_effort} if body.reasoning_effort else {}),
                  **(body.chat_template_kwargs or {})}
-    if variables:
-        proto.chat_template_kwargs.update(variables)
-    return proto
+    return GenerationInput(
+        model=body.model, sampling=body.sampling(body.max_completion_tokens or body.max_tokens),
+        messages=[message_proto(m) for m in body.messages], stream=bool(body.stream), tools=tools,
+        tool_choice=choice, guide=response_guide(body.response_format),
+        # A legacy answer holds one function_call.
+        parallel_tool_calls=False if body.legacy_functions else body.parallel_tool_calls,
+        template_variables=variables, logprobs=bool(body.logprobs), top_logprobs=body.top_logprobs or 0, names=names)
 
 
 # The response and its stream chunks, as /openapi.json declares them (OpenAI's ChatCompletion and

@@ -1,5 +1,5 @@
 """POST /v1/completions: the request in the order of OpenAI's CreateCompletionRequest (our extensions
-last) with its rules, its GenerateRequest, and its response and stream chunks (the same object,
+last) with its rules, its generation input, and its response and stream chunks (the same object,
 `text_completion`)."""
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from edge.endpoints.common import (
     text_or_token_batch,
     usage_object,
 )
+from edge.endpoints.generation import GenerationInput
 from edge.endpoints.llm_common import Collected, GenerationRequest
 from tritongate.common.v1 import common_pb2
 from tritongate.llm.v1 import llm_pb2
@@ -49,11 +50,12 @@ class CompletionRequest(GenerationRequest):
         return self
 
 
-def to_proto(body: CompletionRequest) -> llm_pb2.GenerateRequest:
+def generation_input(body: CompletionRequest) -> GenerationInput:
     prompts = [llm_pb2.Prompt(text=p) if isinstance(p, str) else llm_pb2.Prompt(token_ids=common_pb2.TokenIds(ids=p))
                for p in body.prompt]
-    return body.proto(body.max_tokens, prompts=llm_pb2.Prompts(prompts=prompts), echo=bool(body.echo),
-                      logprobs=body.logprobs is not None, top_logprobs=body.logprobs or 0)
+    return GenerationInput(model=body.model, sampling=body.sampling(body.max_tokens), prompts=prompts,
+                           stream=bool(body.stream), echo=bool(body.echo), logprobs=body.logprobs is not None,
+                           top_logprobs=body.logprobs or 0)
 
 
 # The response (a stream chunk has the same shape), as /openapi.json declares it.

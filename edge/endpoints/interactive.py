@@ -1,4 +1,4 @@
-"""POST /v1/chat/interactive: LMDeploy api_server's interactive chat, served as chat requests.
+"""POST /v1/chat/interactive: LMDeploy api_server's interactive chat, on the one generation path.
 
 Each session's conversation (`Session`) is kept in the state store that every edge process shares
 (edge/state/), so a session's turns may reach any edge worker or replica: a request with
@@ -18,24 +18,24 @@ import contextlib
 import secrets
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
 import orjson
 from fastapi import Response
 from fastapi.responses import StreamingResponse
-from pydantic import Field, StrictInt, field_validator
+from pydantic import Field, StrictInt, field_validator, model_validator
 
-from edge.endpoints.as_chat import validated_chat
-from edge.endpoints.chat import ChatCompletionRequest, ChatMessage
+from edge.endpoints.chat import ChatMessage
 from edge.endpoints.common import UINT32_MAX, OpenAIRequest, ParamError, ResponseModel
-from edge.endpoints.llm_common import Collected, RepetitionPenalty, Stop, Temperature, TopK, TopP, stop_list
+from edge.endpoints.generation import GenerationInput, Sampling
+from edge.endpoints.llm_common import Collected, RepetitionPenalty, Seed, Stop, Temperature, TopK, TopP, stop_list
 from edge.errors import OpenAIError, as_openai_error
 from edge.state import Space, StoreUnavailable
 from tritongate.common.v1 import common_pb2
 from tritongate.llm.v1 import llm_pb2
 
-# LMDeploy's parameters under their chat names, for the errors of the chat rules.
-INTERACTIVE_PARAM = {"max_tokens": "request_output_len", "messages": "prompt"}
+# The generation's parameters under LMDeploy's names, for what the llm service refuses.
+NAMES = {"max_tokens": "request_output_len", "messages": "prompt"}
 NEW_IDS_FROM = 1 << 40  # ids for `session_id: -1` are random, above any a client is likely to pick
 CANCEL_POLL_S = 0.2  # how often a turn in flight looks for a `cancel` (which may reach another process)
 
@@ -49,7 +49,7 @@ class InteractiveRequest(OpenAIRequest):
     interactive_mode: bool = False
     stream: bool = False
     stop: Stop = None
-    request_output_len: Annotated[int, Field(ge=0, le=UINT32_MAX)] | None = None
+    request_output_len: Annotated[int, Field(ge=0, le=UINT32_MAX)] | None = None  # 0: to end a session
     top_p: TopP | None = None
     top_k: TopK | None = None
     temperature: Temperature | None = None
@@ -57,13 +57,20 @@ class InteractiveRequest(OpenAIRequest):
     ignore_eos: bool = False
     skip_special_tokens: bool | None = True
     cancel: bool = False
-    seed: int | None = None
+    seed: Seed | None = None
     model: str | None = None
 
     @field_validator("stop")
     @classmethod
     def _stop(cls, value: Any) -> list[str] | None:
         return None if value is None else stop_list(value)
+
+    @model_validator(mode="after")
+    def _output(self) -> Self:
+        if self.request_output_len == 0 and not ends_session(self):
+            raise ParamError("'request_output_len' must be at least 1 (0 only to end a session).",
+                             "request_output_len")
+        return self
 
     @property
     def messages(self) -> list[dict[str, str]]:
@@ -154,13 +161,12 @@ async def cancel(body: InteractiveRequest, sessions: Sessions) -> dict[str, Any]
     return answer("", body.session_id)
 
 
-def to_chat(body: InteractiveRequest, session: Session) -> ChatCompletionRequest:
-    chat = {"model": session.model, "messages": [*session.messages, *body.messages],
-            "max_tokens": body.request_output_len, "temperature": body.temperature, "top_p": body.top_p,
-            "top_k": body.top_k, "repetition_penalty": body.repetition_penalty, "ignore_eos": body.ignore_eos,
-            "skip_special_tokens": body.skip_special_tokens, "stop": body.stop, "seed": body.seed,
-            "stream": body.stream}
-    return validated_chat(chat, INTERACTIVE_PARAM)
+def generation_input(body: InteractiveRequest, session: Session) -> GenerationInput:
+    sampling = Sampling(max_tokens=body.request_output_len, temperature=body.temperature, top_p=body.top_p,
+                        top_k=body.top_k, repetition_penalty=body.repetition_penalty, ignore_eos=body.ignore_eos,
+                        skip_special_tokens=body.skip_special_tokens, stop=body.stop or (), seed=body.seed)
+    messages = [llm_pb2.ChatMessage(role=m["role"], content=m["content"]) for m in [*session.messages, *body.messages]]
+    return GenerationInput(model=session.model, sampling=sampling, messages=messages, stream=body.stream, names=NAMES)
 
 
 def answer(text: str, session_id: int, finish_reason: str | None = "stop", tokens: int = 0, input_tokens: int = 0,

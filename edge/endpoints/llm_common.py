@@ -1,5 +1,5 @@
-"""What chat and completions share: the request fields and their rules, the mapping of those fields to
-the GenerateRequest proto, and the `Shape` each endpoint gives its responses and stream chunks (the
+"""What chat and completions share: the request fields and their rules, their sampling (the generation
+input's, edge/endpoints/generation.py), and the `Shape` each endpoint gives its responses and stream chunks (the
 one generation path, edge/streaming.py, builds both endpoints' answers through it)."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from typing import Annotated, Any, Protocol, Self
 from pydantic import Field, WithJsonSchema, field_validator, model_validator
 
 from edge.endpoints.common import UINT32_MAX, OpenAIRequest, ParamError
+from edge.endpoints.generation import Sampling
 from tritongate.common.v1 import common_pb2
 from tritongate.llm.v1 import llm_pb2
 from tritongate.wire import MAX_N, MAX_STOPS
@@ -110,22 +111,15 @@ class GenerationRequest(OpenAIRequest):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
-    def proto(self, max_tokens: int | None, **fields: Any) -> llm_pb2.GenerateRequest:
-        """The GenerateRequest with the shared fields; optional ones stay unset, so the model's defaults
-        apply. `fields` are the endpoint's own."""
-        proto = llm_pb2.GenerateRequest(model=self.model, n=self.n or 1, stop=self.stop or [],
-                                        logit_bias=self.logit_bias or {}, ignore_eos=bool(self.ignore_eos),
-                                        include_stop_str_in_output=bool(self.include_stop_str_in_output), **fields)
-        optional = {"max_tokens": max_tokens, "temperature": self.temperature, "top_p": self.top_p,
-                    "top_k": None if self.top_k is None else max(self.top_k, 0),
-                    "repetition_penalty": self.repetition_penalty, "presence_penalty": self.presence_penalty,
-                    "frequency_penalty": self.frequency_penalty, "do_sample": self.do_sample,
-                    "seed": None if self.seed is None else self.seed if self.seed < 2**63 else self.seed - 2**64,
-                    "min_p": self.min_p, "min_tokens": self.min_tokens, "skip_special_tokens": self.skip_special_tokens}
-        for name, value in optional.items():
-            if value is not None:
-                setattr(proto, name, value)
-        return proto
+    def sampling(self, max_tokens: int | None) -> Sampling:
+        """The shared fields as the generation's sampling (`max_tokens` is the endpoint's own field)."""
+        return Sampling(max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+                        min_p=self.min_p, repetition_penalty=self.repetition_penalty,
+                        presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
+                        do_sample=self.do_sample, seed=self.seed, min_tokens=self.min_tokens,
+                        skip_special_tokens=self.skip_special_tokens, n=self.n or 1, stop=self.stop or (),
+                        logit_bias=self.logit_bias or {}, ignore_eos=bool(self.ignore_eos),
+                        include_stop_str_in_output=bool(self.include_stop_str_in_output))
 
 
 class Collected:

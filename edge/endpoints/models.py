@@ -67,5 +67,7 @@ def model_object(card: common_pb2.ModelCard) -> dict[str, Any]:
     }
 
 
-def model_list(cards: list[common_pb2.ModelCard]) -> dict[str, Any]:
-    return {"object": "list", "data": [model_object(card) for card in cards]}
+def model_list(cards: list[common_pb2.ModelCard], first: str | None = None) -> dict[str, Any]:
+    """The models, `first` (the default LLM) ahead of the others, for clients that pick the first listed."""
+    ordered = sorted(cards, key=lambda card: card.id != first)  # stable: otherwise the services' order
+    return {"object": "list", "data": [model_object(card) for card in ordered]}

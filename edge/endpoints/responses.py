@@ -1,12 +1,12 @@
-"""POST /v1/responses and GET /v1/responses/{id}: OpenAI's Responses API, served through the chat path.
+"""POST /v1/responses and GET /v1/responses/{id}: OpenAI's Responses API, on the one generation path.
 
-A Responses request becomes a chat request (`to_chat`): `instructions` the system message, the stored
-conversation of `previous_response_id` and then `input` the messages (edge/endpoints/response_input.py,
-function calls and their outputs included), `text.format` chat's
-`response_format`, function `tools` chat's `tools`; so every chat rule and every model-dependent check
-applies unchanged. The answer is collected or streamed by the one generation path (edge/streaming.py),
-shaped here: a `message` output item for the text and a `function_call` item per tool call,
-`ResponseRecorder.response` for a whole Response, `ResponseEvents` for the stream
+A Responses request becomes the generation input (`generation_input`): `instructions` the system
+message, the stored conversation of `previous_response_id` and then `input` the messages
+(edge/endpoints/response_input.py, function calls and their outputs included), `text.format` the output
+format and function `tools` the tools, through the rules chat uses for its own (edge/endpoints/tools.py),
+with errors naming this request's parameters. The answer is collected or streamed by the one generation
+path (edge/streaming.py), shaped here: a `message` output item for the text and a `function_call` item
+per tool call, `ResponseRecorder.response` for a whole Response, `ResponseEvents` for the stream
 (`response.created` ... `response.completed`). A Response with `store` (the default) is kept, with the
 conversation that led to it, in the state store that every edge process shares (edge/state/).
 """
@@ -15,27 +15,25 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 import orjson
 from pydantic import Field, WithJsonSchema, field_validator
 
-from edge.endpoints.as_chat import validated_chat
-from edge.endpoints.chat import ChatCompletionRequest
-from edge.endpoints.common import UINT32_MAX, OpenAIRequest, ParamError, ResponseModel
+from edge.endpoints.common import UINT32_MAX, OpenAIRequest, ResponseModel
+from edge.endpoints.generation import GenerationInput, Sampling
 from edge.endpoints.llm_common import Collected, Temperature, TopP
-from edge.endpoints.response_input import Message, input_messages
+from edge.endpoints.response_input import Message, chat_json, from_chat_json, input_messages
+from edge.endpoints.tools import response_guide, tool_choice, tool_list
 from edge.errors import OpenAIError, bad_request
 from edge.state import Space
 from tritongate.common.v1 import common_pb2
 from tritongate.llm.v1 import llm_pb2
 
-# Chat's parameters under their Responses names, for the errors of the chat rules.
-RESPONSES_PARAM = {"response_format": "text.format", "max_completion_tokens": "max_output_tokens",
-                   "max_tokens": "max_output_tokens",
-                   "messages": "input"}
+# The generation's parameters under their Responses names, for what the llm service refuses.
+NAMES = {"response_format": "text.format", "max_tokens": "max_output_tokens", "messages": "input"}
 
 Input = Annotated[Any, WithJsonSchema({"anyOf": [{"type": "string", "minLength": 1}, {"type": "array", "minItems": 1,
                                                                                       "items": {"type": "object"}}]})]
@@ -62,39 +60,12 @@ class ResponseRequest(OpenAIRequest):
 
     @field_validator("input")
     @classmethod
-    def _input(cls, value: Any) -> list[Message]:
+    def _input(cls, value: Any) -> list[llm_pb2.ChatMessage]:
         return input_messages(value)
 
     @property
-    def messages(self) -> list[Message]:
+    def messages(self) -> list[llm_pb2.ChatMessage]:
         return self.input  # validated into messages
-
-
-def _response_format(text: dict[str, Any] | None) -> dict[str, Any] | None:
-    """`text.format` as chat's `response_format`."""
-    fmt = (text or {}).get("format")
-    if fmt is None:
-        return None
-    if not isinstance(fmt, dict) or fmt.get("type") not in ("text", "json_object", "json_schema"):
-        raise ParamError("'text.format' must be an object of type text, json_object or json_schema", "text.format")
-    if fmt["type"] != "json_schema":
-        return {"type": fmt["type"]}
-    schema = {k: fmt[k] for k in ("name", "description", "schema", "strict") if k in fmt}
-    return {"type": "json_schema", "json_schema": schema}
-
-
-def _chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
-    """Function tools (Responses' flat shape) as chat's; built-in tools are refused."""
-    if not tools:
-        return None
-    converted = []
-    for i, tool in enumerate(tools):
-        if tool.get("type") != "function":
-            raise ParamError(f"tools of type {tool.get('type')!r} are not supported: only 'function' tools",
-                             f"tools[{i}].type")
-        function = {k: tool[k] for k in ("name", "description", "parameters", "strict") if k in tool}
-        converted.append({"type": "function", "function": function})
-    return converted
 
 
 def _echoed_tool(tool: dict[str, Any]) -> dict[str, Any]:
@@ -102,20 +73,16 @@ def _echoed_tool(tool: dict[str, Any]) -> dict[str, Any]:
     return {"parameters": None, "strict": None, **tool}
 
 
-def _chat_tool_choice(choice: Any) -> Any:
-    if isinstance(choice, dict) and choice.get("type") == "function":
-        return {"type": "function", "function": {"name": choice.get("name")}}
-    return choice
-
-
-def to_chat(body: ResponseRequest, history: list[Message]) -> ChatCompletionRequest:
-    """The chat request that answers `body`, after the conversation `history`."""
-    system = [{"role": "system", "content": body.instructions}] if body.instructions else []
-    chat = {"model": body.model, "messages": [*system, *history, *body.messages],
-            "max_completion_tokens": body.max_output_tokens, "temperature": body.temperature, "top_p": body.top_p,
-            "stream": body.stream, "user": body.user, "response_format": _response_format(body.text),
-            "tools": _chat_tools(body.tools), "tool_choice": _chat_tool_choice(body.tool_choice)}
-    return validated_chat(chat, RESPONSES_PARAM)
+def generation_input(body: ResponseRequest, history: Sequence[llm_pb2.ChatMessage]) -> GenerationInput:
+    """The generation that answers `body`, after the conversation `history`."""
+    system = [llm_pb2.ChatMessage(role="system", content=body.instructions)] if body.instructions else []
+    tools = tool_list(body.tools, "tools", "flat") if body.tools else []
+    return GenerationInput(
+        model=body.model, messages=[*system, *history, *body.messages], stream=bool(body.stream),
+        sampling=Sampling(max_tokens=body.max_output_tokens, temperature=body.temperature, top_p=body.top_p),
+        tools=tools, tool_choice=tool_choice(body.tool_choice, tools, "tool_choice", "flat"),
+        parallel_tool_calls=body.parallel_tool_calls,
+        guide=response_guide((body.text or {}).get("format"), "text.format", nested=None), names=NAMES)
 
 
 @dataclass
@@ -140,14 +107,14 @@ async def stored(store: Space, response_id: str) -> Stored | None:
     return None if value is None else Stored.decoded(value)
 
 
-async def history(body: ResponseRequest, store: Space) -> list[Message]:
+async def history(body: ResponseRequest, store: Space) -> list[llm_pb2.ChatMessage]:
     if body.previous_response_id is None:
         return []
     previous = await stored(store, body.previous_response_id)
     if previous is None:
         raise bad_request(f"Previous response with id '{body.previous_response_id}' not found.",
                           "previous_response_id", "previous_response_not_found")
-    return previous.conversation
+    return [from_chat_json(message) for message in previous.conversation]
 
 
 def not_found(response_id: str) -> OpenAIError:
@@ -212,9 +179,9 @@ class ResponseRecorder:
     object = "response"
     prefix = "resp"
 
-    def __init__(self, body: ResponseRequest, conversation: list[Message], store: Space) -> None:
+    def __init__(self, body: ResponseRequest, history: Sequence[llm_pb2.ChatMessage], store: Space) -> None:
         self.body = body
-        self.conversation = [*conversation, *body.messages]
+        self.conversation = [*history, *body.messages]
         self.store = store
         self.finished_response: Stored | None = None  # to store, once finished
 
@@ -244,7 +211,7 @@ class ResponseRecorder:
         response = self.snapshot(head, status, output, _usage(usage))
         response["completed_at"] = int(time.time()) if status == "completed" else None
         if self.body.store is not False:
-            self.finished_response = Stored(response, [*self.conversation, assistant_message(output)])
+            self.finished_response = Stored(response, [*map(chat_json, self.conversation), assistant_message(output)])
         return response
 
     async def persist(self) -> None:

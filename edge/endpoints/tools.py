@@ -1,6 +1,7 @@
-"""Structured output and tools of chat completions: `response_format`, `tools`, `tool_choice`,
-`parallel_tool_calls`, and the legacy `functions` / `function_call` (mapped onto tools), with their rules
-and their part of the GenerateRequest; and the `tool_calls` / `function_call` of answers and chunks.
+"""Structured output and tools: chat's `response_format`, `tools`, `tool_choice`, and the legacy
+`functions` / `function_call` (mapped onto tools), with their rules and their part of the generation
+input (Responses' `text.format` and flat function tools go through the same rules); and the
+`tool_calls` / `function_call` of answers and chunks.
 
 The edge checks shapes and that every schema is a JSON Schema (a 400 naming the parameter); the llm service
 decides what the model's backend can enforce (guided decoding) and parses the model's tool calls.
@@ -9,7 +10,7 @@ decides what the model's backend can enforce (guided decoding) and parses the mo
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 from jsonschema import SchemaError
@@ -22,6 +23,7 @@ MAX_TOOLS = 128  # OpenAI's limit
 MAX_SCHEMA_BYTES = 64 * 1024  # of one schema, as compact JSON: grammar compilation grows with it
 NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # function and json_schema names, as OpenAI's
 TOOL_CHOICES = ("none", "auto", "required")
+ToolLayout = Literal["nested", "functions", "flat"]
 
 
 def schema_text(schema: Any, param: str, what: str) -> str:
@@ -40,8 +42,11 @@ def schema_text(schema: Any, param: str, what: str) -> str:
     return text.decode()
 
 
-def response_guide(value: Any) -> llm_pb2.Guide | None:
-    """`response_format`: text (None), json_object, or json_schema with its `schema` (and `strict`)."""
+def response_guide(value: Any, param: str = "response_format", nested: str | None = "json_schema"
+                   ) -> llm_pb2.Guide | None:
+    """An output format: text (None), json_object, or json_schema with its `schema` (and `strict`). Chat's
+    `response_format` holds the schema's fields under `json_schema`; Responses' `text.format` (`nested`
+    None) beside its `type`."""
     if value is None:
         return None
     kind = value.get("type") if isinstance(value, dict) else None
@@ -50,23 +55,21 @@ def response_guide(value: Any) -> llm_pb2.Guide | None:
     if kind == "json_object":
         return llm_pb2.Guide(json_object=True)
     if kind != "json_schema":
-        raise ParamError("'response_format' must be an object with type 'text', 'json_object' or 'json_schema'",
-                         "response_format")
-    spec = value.get("json_schema")
+        raise ParamError(f"'{param}' must be an object with type 'text', 'json_object' or 'json_schema'", param)
+    spec = value.get(nested) if nested else value
+    where = f"{param}.{nested}" if nested else param
     if not isinstance(spec, dict):
-        raise ParamError("'response_format.json_schema' must be an object with 'name' and 'schema'", "response_format")
+        raise ParamError(f"'{where}' must be an object with 'name' and 'schema'", param)
     if not isinstance(spec.get("name"), str) or not NAME.match(spec["name"]):
-        raise ParamError("'response_format.json_schema.name' must be 1 to 64 letters, digits, '_' or '-'",
-                         "response_format")
+        raise ParamError(f"'{where}.name' must be 1 to 64 letters, digits, '_' or '-'", param)
     if "schema" not in spec:
-        raise ParamError("'response_format.json_schema' has no 'schema'", "response_format")
+        raise ParamError(f"'{where}' has no 'schema'", param)
     if not isinstance(spec.get("strict", False), bool | None):
-        raise ParamError("'response_format.json_schema.strict' must be a boolean", "response_format")
-    schema = schema_text(spec["schema"], "response_format", "'response_format.json_schema.schema'")
-    return llm_pb2.Guide(json_schema=schema)
+        raise ParamError(f"'{where}.strict' must be a boolean", param)
+    return llm_pb2.Guide(json_schema=schema_text(spec["schema"], param, f"'{where}.schema'"))
 
 
-def function_tool(function: Any, param: str, where: str) -> llm_pb2.Tool:
+def function_tool(function: Any, where: str, param: str) -> llm_pb2.Tool:
     """One function definition ({name, description, parameters, strict})."""
     if not isinstance(function, dict):
         raise ParamError(f"'{where}' must be an object with a 'name'", param)
@@ -86,20 +89,28 @@ def function_tool(function: Any, param: str, where: str) -> llm_pb2.Tool:
     return llm_pb2.Tool(name=name, description=description or "", parameters=text, strict=bool(strict))
 
 
-def tool_list(value: Any, param: str) -> list[llm_pb2.Tool]:
-    """`tools` ([{type: function, function}]) or legacy `functions` ([function]), names unique."""
+def _function(entry: Any, i: int, param: str, layout: ToolLayout) -> tuple[Any, str]:
+    """A tool entry's function definition, and where it is in the request."""
+    if layout == "functions":
+        return entry, f"{param}[{i}]"
+    kind = entry.get("type") if isinstance(entry, dict) else None
+    if layout == "flat" and kind != "function":
+        raise ParamError(f"tools of type {kind!r} are not supported: only 'function' tools", f"{param}[{i}].type")
+    if layout == "flat":
+        return entry, f"{param}[{i}]"
+    if kind != "function":
+        raise ParamError(f"'{param}[{i}]' must be an object with type 'function' and a 'function'", param)
+    return entry.get("function"), f"{param}[{i}].function"
+
+
+def tool_list(value: Any, param: str, layout: ToolLayout = "nested") -> list[llm_pb2.Tool]:
+    """Function tools, names unique: chat's `tools` ([{type: function, function}]), the legacy `functions`
+    ([function]) or Responses' `tools` ([{type: function, name, ...}], "flat")."""
     if not isinstance(value, list):
         raise ParamError(f"'{param}' must be an array", param)
     if len(value) > MAX_TOOLS:
         raise ParamError(f"'{param}' may hold at most {MAX_TOOLS} functions; got {len(value)}", param)
-    tools = []
-    for i, entry in enumerate(value):
-        if param == "tools":
-            if not isinstance(entry, dict) or entry.get("type") != "function":
-                raise ParamError(f"'tools[{i}]' must be an object with type 'function' and a 'function'", param)
-            tools.append(function_tool(entry.get("function"), param, f"tools[{i}].function"))
-        else:
-            tools.append(function_tool(entry, param, f"functions[{i}]"))
+    tools = [function_tool(*_function(entry, i, param, layout), param=param) for i, entry in enumerate(value)]
     names = [tool.name for tool in tools]
     duplicate = next((name for name in names if names.count(name) > 1), None)
     if duplicate:
@@ -107,25 +118,28 @@ def tool_list(value: Any, param: str) -> list[llm_pb2.Tool]:
     return tools
 
 
-def tool_choice(value: Any, tools: list[llm_pb2.Tool], param: str) -> llm_pb2.ToolChoice:
-    """`tool_choice` ("none", "auto", "required", {type: function, function: {name}}) or legacy
-    `function_call` ("none", "auto", {name}); a named function must be one of the tools."""
+def tool_choice(value: Any, tools: list[llm_pb2.Tool], param: str, layout: ToolLayout = "nested"
+                ) -> llm_pb2.ToolChoice:
+    """`tool_choice` ("none", "auto", "required", or naming a function: {type: function, function: {name}},
+    Responses' {type: function, name}), or legacy `function_call` ("none", "auto", {name}); a named
+    function must be one of the tools."""
+    legacy = layout == "functions"
     if value is None:
         return llm_pb2.ToolChoice(mode="auto" if tools else "none")
     if isinstance(value, str):
-        if value not in TOOL_CHOICES or (param == "function_call" and value == "required"):
-            raise ParamError(f"'{param}' must be 'none', 'auto'{', required' if param == 'tool_choice' else ''} "
+        if value not in TOOL_CHOICES or (legacy and value == "required"):
+            raise ParamError(f"'{param}' must be 'none', 'auto'{'' if legacy else ', required'} "
                              "or an object naming a function", param)
         if value == "required" and not tools:
-            raise ParamError("'tool_choice' 'required' needs 'tools'", param)
+            raise ParamError(f"'{param}' 'required' needs 'tools'", param)
         return llm_pb2.ToolChoice(mode=value)
-    named = value.get("function") if isinstance(value, dict) and param == "tool_choice" else value
+    named = value.get("function") if isinstance(value, dict) and layout == "nested" else value
     name = named.get("name") if isinstance(named, dict) else None
-    if not isinstance(name, str) or (param == "tool_choice" and value.get("type") != "function"):
+    if not isinstance(name, str) or (not legacy and value.get("type") != "function"):
         raise ParamError(f"'{param}' must be 'none', 'auto' or an object naming a function", param)
     if name not in {tool.name for tool in tools}:
         raise ParamError(f"'{param}' names the function {name!r}, which is not in "
-                         f"'{'tools' if param == 'tool_choice' else 'functions'}'", param)
+                         f"'{'functions' if legacy else 'tools'}'", param)
     return llm_pb2.ToolChoice(mode="function", function=name)
 
 

@@ -16,5 +16,5 @@ router = api_router()
              responses=ok_or_stream(chat.ChatCompletion, chat.ChatCompletionChunk))
 async def create_chat_completion(body: chat.ChatCompletionRequest, request: Request, llm: LlmDep,
                                  settings: SettingsDep) -> Response:
-    return await generate(request, llm, chat.to_proto(body), chat.shape(body), stream=bool(body.stream),
+    return await generate(request, llm, chat.generation_input(body), chat.shape(body),
                           include_usage=body.include_usage, keepalive_s=settings.sse_keepalive_s)

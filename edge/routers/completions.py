@@ -16,6 +16,5 @@ router = api_router()
              responses=ok_or_stream(completions.Completion, completions.Completion))
 async def create_completion(body: completions.CompletionRequest, request: Request, llm: LlmDep,
                             settings: SettingsDep) -> Response:
-    return await generate(request, llm, completions.to_proto(body), completions.shape(body),
-                          stream=bool(body.stream), include_usage=body.include_usage,
-                          keepalive_s=settings.sse_keepalive_s)
+    return await generate(request, llm, completions.generation_input(body), completions.shape(body),
+                          include_usage=body.include_usage, keepalive_s=settings.sse_keepalive_s)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from edge.api_router import api_router
-from edge.deps import DirectoryDep
+from edge.deps import DirectoryDep, SettingsDep
 from edge.endpoints import models
 from edge.errors import model_not_found
 
@@ -13,8 +13,8 @@ router = api_router(tags=["models"])
 
 
 @router.get("/v1/models", response_model=models.ListModelsResponse)
-async def list_models(directory: DirectoryDep) -> Any:
-    return models.model_list(list((await directory.models()).values()))
+async def list_models(directory: DirectoryDep, settings: SettingsDep) -> Any:
+    return models.model_list(list((await directory.models()).values()), settings.default_llm)
 
 
 @router.get("/v1/models/{model_id:path}", response_model=models.Model)

@@ -6,8 +6,7 @@ from fastapi import Request, Response
 
 from edge.api_router import api_router, ok, ok_or_stream
 from edge.deps import LlmDep, ResponseStoreDep, SettingsDep
-from edge.endpoints import chat, responses
-from edge.endpoints.as_chat import chat_params_renamed
+from edge.endpoints import responses
 from edge.streaming import run
 
 router = api_router(tags=["responses"])
@@ -16,12 +15,11 @@ router = api_router(tags=["responses"])
 @router.post("/v1/responses", responses=ok_or_stream(responses.Response, responses.ResponseStreamEvent))
 async def create_response(body: responses.ResponseRequest, request: Request, llm: LlmDep, store: ResponseStoreDep,
                           settings: SettingsDep) -> Response:
-    conversation = await responses.history(body, store)
-    proto = chat.to_proto(responses.to_chat(body, conversation))
-    recorder = responses.ResponseRecorder(body, conversation, store)
-    with chat_params_renamed(responses.RESPONSES_PARAM):
-        return await run(request, llm, proto, recorder, stream=bool(body.stream),
-                         keepalive_s=settings.sse_keepalive_s, framing=recorder.events, persist=recorder.persist)
+    history = await responses.history(body, store)
+    generation = responses.generation_input(body, history)
+    recorder = responses.ResponseRecorder(body, history, store)
+    return await run(request, llm, generation, recorder, keepalive_s=settings.sse_keepalive_s,
+                     framing=recorder.events, persist=recorder.persist)
 
 
 @router.get("/v1/responses/{response_id}", responses=ok(responses.Response))

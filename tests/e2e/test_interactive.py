@@ -103,9 +103,10 @@ def test_cancel_stops_a_request_that_is_not_streamed(http: httpx.Client) -> None
 BAD = [
     ("session id not an integer", {"session_id": "abc"}, 400, "session_id"),
     ("session id a float", {"session_id": 1.5}, 400, "session_id"),
-    ("no model while several LLMs are served", {"model": None}, 400, "model"),
     ("unknown model", {"model": "no-such-model"}, 404, "model"),
     ("negative output length", {"request_output_len": -1}, 400, "request_output_len"),
+    ("no output", {"request_output_len": 0}, 400, "request_output_len"),
+    ("seed out of range", {"seed": 2**64}, 400, "seed"),
     ("cancel without a session", {"cancel": True, "session_id": -1}, 400, "session_id"),
 ]
 
@@ -117,12 +118,28 @@ def test_bad_input(http: httpx.Client, case: str, change: dict[str, Any], status
     assert response.json()["error"]["param"] == param
 
 
+def session_model(http: httpx.Client, session: int) -> str:
+    """The model a session talks to, as a turn naming another model is told."""
+    wrong = http.post("/v1/chat/interactive", json=lmdeploy_payload("hi", session, True, model="vllm-echo"))
+    assert wrong.status_code == 400 and wrong.json()["error"]["param"] == "model", wrong.text
+    return wrong.json()["error"]["message"].split("`")[1]
+
+
+def test_a_request_naming_no_model_goes_to_the_first_llm_listed(http: httpx.Client) -> None:
+    """LMDeploy's client never sends `model`: with no default configured, the first LLM of /v1/models."""
+    (turn,) = lmdeploy_read(http, lmdeploy_payload("Hi", 2001, True, model=None, request_output_len=1))
+    assert turn["tokens"] == 1
+    first = next(m["id"] for m in http.get("/v1/models").json()["data"] if m["permission"][0]["allow_sampling"])
+    assert session_model(http, 2001) == first
+
+
 @pytest.fixture(scope="module")
 def small_edge(stack: LocalStack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
-    """An edge on the stack's services with room for 2 sessions of at most 40 tokens."""
+    """An edge on the stack's services with room for 2 sessions of at most 40 tokens, and a default LLM."""
     port = free_port()
     address = stack.service_address
-    env = dict(os.environ, TRITONGATE_INTERACTIVE_MAX_SESSIONS="2", TRITONGATE_INTERACTIVE_MAX_SESSION_TOKENS="40")
+    env = dict(os.environ, TRITONGATE_INTERACTIVE_MAX_SESSIONS="2", TRITONGATE_INTERACTIVE_MAX_SESSION_TOKENS="40",
+               TRITONGATE_DEFAULT_LLM=SLOW)
     log: Path = tmp_path_factory.mktemp("small-edge") / "edge.log"
     process = spawn(["edge", "--port", str(port), f"--llm={address('llm')}", f"--embed={address('embed')}",
                      f"--rerank={address('rerank')}"], env, log)
@@ -149,6 +166,13 @@ def test_a_session_over_its_token_budget_must_be_ended(small_edge: httpx.Client)
     assert again["history_tokens"] == 0
 
 
+def test_the_configured_default_llm_answers_requests_naming_none(small_edge: httpx.Client) -> None:
+    assert small_edge.get("/v1/models").json()["data"][0]["id"] == SLOW  # listed first, for clients that pick it
+    lmdeploy_read(small_edge, lmdeploy_payload("hi", 21, True, model=None, request_output_len=1))
+    assert session_model(small_edge, 21) == SLOW
+    lmdeploy_read(small_edge, lmdeploy_payload("", 21, False, request_output_len=0))
+
+
 def test_too_many_sessions(small_edge: httpx.Client) -> None:
     for session in (11, 12):
         lmdeploy_read(small_edge, lmdeploy_payload("hi", session, True))
@@ -156,3 +180,4 @@ def test_too_many_sessions(small_edge: httpx.Client) -> None:
     assert refused.status_code == 429 and refused.json()["error"]["code"] == "too_many_sessions"
     lmdeploy_read(small_edge, lmdeploy_payload("", 11, False, request_output_len=0))  # end one: room again
     assert small_edge.post("/v1/chat/interactive", json=lmdeploy_payload("hi", 13, True)).status_code == 200
+

@@ -12,18 +12,28 @@ from edge.endpoints import chat, completions, embeddings, rerank
 from edge.endpoints.chat import ChatCompletionRequest
 from edge.endpoints.common import ParamError
 from edge.endpoints.completions import CompletionRequest
-from edge.errors import OpenAIError, from_validation
+from edge.errors import OpenAIError, as_openai_error, from_validation
 from tritongate.llm.v1 import llm_pb2
 
 MESSAGES = [{"role": "user", "content": "Hi"}]
 
 
+def proto_of(body: ChatCompletionRequest | CompletionRequest) -> llm_pb2.GenerateRequest:
+    convert = chat.generation_input if isinstance(body, ChatCompletionRequest) else completions.generation_input
+    return convert(body).proto()  # type: ignore[arg-type]
+
+
 def refusal(model: type[BaseModel], body: dict[str, Any]) -> OpenAIError:
-    """The 400 the edge answers for `body`, as the error handler builds it from the validation error."""
-    with pytest.raises(ValidationError) as info:
-        model.model_validate(body)
-    errors = [{**e, "loc": ("body", *e["loc"])} for e in info.value.errors()]
-    return from_validation(RequestValidationError(errors))
+    """The 400 the edge answers for `body`: as the error handler builds it from the validation error, or
+    from the rule the conversion into the generation input breaks."""
+    try:
+        validated = model.model_validate(body)
+    except ValidationError as exc:
+        errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]
+        return from_validation(RequestValidationError(errors))
+    with pytest.raises(ParamError) as info:
+        proto_of(validated)  # type: ignore[arg-type]
+    return as_openai_error(info.value)
 
 
 def test_stream_as_a_string_is_coerced() -> None:
@@ -43,7 +53,7 @@ def test_chat_converter_names_every_field() -> None:
                      {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
                      {"role": "assistant", "content": None, "name": "bot"}],
     })
-    proto = chat.to_proto(body)
+    proto = proto_of(body)
     assert [(m.role, m.content, m.name) for m in proto.chat.messages] == [
         ("system", "Be brief.", ""), ("user", "a\nb", ""), ("assistant", "", "bot")]
     assert (proto.n, list(proto.stop), proto.seed, proto.max_tokens) == (2, ["\n"], -1, 9)
@@ -54,7 +64,7 @@ def test_chat_converter_names_every_field() -> None:
 
 
 def test_unset_sampling_fields_stay_unset_for_the_models_defaults() -> None:
-    proto = chat.to_proto(ChatCompletionRequest.model_validate({"model": "m", "messages": MESSAGES}))
+    proto = proto_of(ChatCompletionRequest.model_validate({"model": "m", "messages": MESSAGES}))
     for field in ("temperature", "top_p", "top_k", "repetition_penalty", "seed", "max_tokens", "do_sample"):
         assert not proto.HasField(field), field
 
@@ -62,11 +72,11 @@ def test_unset_sampling_fields_stay_unset_for_the_models_defaults() -> None:
 def test_completion_converter() -> None:
     body = CompletionRequest.model_validate({"model": "m", "prompt": [[1, 2], [3]], "echo": True, "max_tokens": 0,
                                              "logprobs": 0, "n": 2, "best_of": 2})
-    proto = completions.to_proto(body)
+    proto = proto_of(body)
     assert [list(p.token_ids.ids) for p in proto.prompts.prompts] == [[1, 2], [3]]
     assert proto.echo and proto.max_tokens == 0 and proto.HasField("max_tokens")
     assert proto.logprobs and proto.top_logprobs == 0
-    texts = completions.to_proto(CompletionRequest.model_validate({"model": "m", "prompt": "x"}))
+    texts = proto_of(CompletionRequest.model_validate({"model": "m", "prompt": "x"}))
     assert [p.text for p in texts.prompts.prompts] == ["x"] and not texts.logprobs
 
 
@@ -125,7 +135,8 @@ TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "ob
     ({"functions": [{"name": "g"}], "function_call": {"name": "h"}}, "function_call"),
 ])
 def test_chat_bad_tools_and_formats(body: dict[str, Any], param: str) -> None:
-    """Rules across fields are validators: no router can forget them, and the 400 names the parameter."""
+    """Rules across fields are validators or rules of the conversion into the generation input (the only
+    way to the llm service): no router can forget them, and the 400 names the parameter."""
     error = refusal(ChatCompletionRequest, {"model": "m", "messages": MESSAGES, **body})
     assert error.status == 400 and error.param == param and not error.message.startswith("Value error")
 
@@ -179,12 +190,12 @@ def test_vllm_style_knobs_reach_the_proto() -> None:
         "model": "m", "messages": MESSAGES, "min_p": 0.05, "min_tokens": 3, "ignore_eos": True,
         "include_stop_str_in_output": True, "skip_special_tokens": False,
         "chat_template_kwargs": {"enable_thinking": False, "style": {"tone": "dry"}}})
-    proto = chat.to_proto(body)
+    proto = proto_of(body)
     assert round(proto.min_p, 3) == 0.05 and proto.min_tokens == 3 and proto.HasField("min_tokens")
     assert proto.ignore_eos and proto.include_stop_str_in_output
     assert proto.HasField("skip_special_tokens") and not proto.skip_special_tokens
     assert dict(proto.chat_template_kwargs) == {"enable_thinking": False, "style": {"tone": "dry"}}
-    bare = chat.to_proto(ChatCompletionRequest.model_validate({"model": "m", "messages": MESSAGES}))
+    bare = proto_of(ChatCompletionRequest.model_validate({"model": "m", "messages": MESSAGES}))
     assert not bare.HasField("min_p") and not bare.HasField("skip_special_tokens") and not bare.chat_template_kwargs
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from edge.endpoints.common import ParamError
 from edge.endpoints.llm_common import Collected
-from edge.endpoints.response_input import input_messages
+from edge.endpoints.response_input import chat_json, from_chat_json, input_messages
 from edge.endpoints.responses import ResponseRecorder, ResponseRequest, Stored
 from edge.state import Limits, Space
 from edge.state.memory import MemoryStore
@@ -106,17 +106,31 @@ TOOL_CALL = {"id": "call_a", "type": "function", "function": {"name": "weather",
 
 def test_calls_and_their_outputs_become_chats_tool_messages() -> None:
     output = {"type": "function_call_output", "call_id": "call_a", "output": [{"type": "input_text", "text": "sun"}]}
-    assert input_messages([{"role": "user", "content": "hi"}, CALL, {**CALL, "call_id": "call_b"}, output]) == [
+    assert as_chat([{"role": "user", "content": "hi"}, CALL, {**CALL, "call_id": "call_b"}, output]) == [
         {"role": "user", "content": "hi"},
         {"role": "assistant", "content": None, "tool_calls": [TOOL_CALL, {**TOOL_CALL, "id": "call_b"}]},
         {"role": "tool", "tool_call_id": "call_a", "content": "sun"}]
     said = {"type": "message", "role": "assistant", "content": "Let me look."}
-    assert input_messages([said, CALL]) == [{"role": "assistant", "content": "Let me look.", "tool_calls": [TOOL_CALL]}]
+    assert as_chat([said, CALL]) == [{"role": "assistant", "content": "Let me look.", "tool_calls": [TOOL_CALL]}]
 
 
-@pytest.mark.parametrize("item", [{**CALL, "call_id": ""}, {**CALL, "name": None}, {**CALL, "arguments": {}},
-                                  {"type": "function_call_output", "output": "x"}, {"type": "reasoning"}])
-def test_a_malformed_or_unsupported_item_is_refused(item: dict[str, Any]) -> None:
+def as_chat(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The input items as the chat messages a stored conversation keeps, which read back the same."""
+    messages = input_messages(items)
+    assert [from_chat_json(chat_json(message)) for message in messages] == messages
+    return [chat_json(message) for message in messages]
+
+
+@pytest.mark.parametrize(("item", "param"), [
+    ({**CALL, "call_id": ""}, "input[1].call_id"), ({**CALL, "name": None}, "input[1].name"),
+    ({**CALL, "arguments": {}}, "input[1].arguments"),
+    ({"type": "function_call_output", "output": "x"}, "input[1].call_id"),
+    ({"type": "function_call_output", "call_id": "c", "output": 42}, "input[1].output"),
+    ({"type": "reasoning"}, "input[1].type"), ("hi", "input[1]"), ({"role": "robot", "content": "x"}, "input[1].role"),
+    ({"role": "user", "content": [{"type": "input_text", "text": "a"}, {"type": "input_image", "image_url": "x"}]},
+     "input[1].content[1]"),
+    ({"role": "user", "content": 3}, "input[1].content")])
+def test_a_malformed_or_unsupported_item_is_refused_by_its_place(item: Any, param: str) -> None:
     with pytest.raises(ParamError) as error:
-        input_messages([item])
-    assert error.value.param == "input" and "input[0]" in str(error.value)
+        input_messages([{"role": "user", "content": "hi"}, item])
+    assert error.value.param == param and f"'{param}" in str(error.value)

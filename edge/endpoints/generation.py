@@ -1,0 +1,113 @@
+"""The one input of every generation front end: chat, completions, Responses and LMDeploy's interactive
+chat each convert their own request straight into a `GenerationInput`, and the generation path
+(edge/streaming.py) sends its GenerateRequest to the llm service.
+
+A front end validates its request under its own names (pydantic, and `ParamError`s naming the client's
+own parameter path, such as `input[3].content`), and never passes through another endpoint's request.
+What the llm service refuses is named by the GenerateRequest's fields (`max_tokens`, `response_format`,
+`messages`, ...): `names` maps each to what this front end's client calls it, so that the refusal names
+the client's parameter too (edge/clients.py applies it to the service's errors).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from edge.endpoints.common import ParamError
+from tritongate.llm.v1 import llm_pb2
+
+INT64_LIMIT = 2**63  # seeds from 2^63 to 2^64 - 1 (OpenAI allows them) travel as their int64 bit pattern
+
+
+@dataclass(frozen=True, slots=True)
+class Sampling:
+    """How to sample; None leaves the model's default (the proto's optional field stays unset)."""
+
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None  # -1 (vLLM) and 0 both mean no limit
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    do_sample: bool | None = None
+    seed: int | None = None
+    min_tokens: int | None = None
+    skip_special_tokens: bool | None = None
+    n: int = 1
+    stop: Sequence[str] = ()
+    logit_bias: Mapping[int, float] = field(default_factory=dict)
+    ignore_eos: bool = False
+    include_stop_str_in_output: bool = False
+
+    def fill(self, proto: llm_pb2.GenerateRequest) -> None:
+        proto.n = self.n
+        proto.stop.extend(self.stop)
+        proto.logit_bias.update(self.logit_bias)
+        proto.ignore_eos = self.ignore_eos
+        proto.include_stop_str_in_output = self.include_stop_str_in_output
+        optional = {"max_tokens": self.max_tokens, "temperature": self.temperature, "top_p": self.top_p,
+                    "top_k": None if self.top_k is None else max(self.top_k, 0), "min_p": self.min_p,
+                    "repetition_penalty": self.repetition_penalty, "presence_penalty": self.presence_penalty,
+                    "frequency_penalty": self.frequency_penalty, "do_sample": self.do_sample,
+                    "seed": None if self.seed is None else self.seed - 2**64 if self.seed >= INT64_LIMIT else self.seed,
+                    "min_tokens": self.min_tokens, "skip_special_tokens": self.skip_special_tokens}
+        for name, value in optional.items():
+            if value is not None:
+                setattr(proto, name, value)
+
+
+@dataclass(frozen=True)
+class GenerationInput:
+    """One generation, whichever endpoint asked for it: a conversation (`messages`, with its tools and
+    output format) or raw `prompts` (completions), how to sample, and how to answer."""
+
+    model: str
+    sampling: Sampling
+    messages: Sequence[llm_pb2.ChatMessage] = ()
+    prompts: Sequence[llm_pb2.Prompt] = ()
+    stream: bool = False
+    tools: Sequence[llm_pb2.Tool] = ()
+    tool_choice: llm_pb2.ToolChoice | None = None  # None: "auto" with tools, else "none"
+    parallel_tool_calls: bool | None = None
+    guide: llm_pb2.Guide | None = None  # the output's format (JSON, a JSON schema)
+    template_variables: Mapping[str, Any] = field(default_factory=dict)  # extra variables of the chat template
+    logprobs: bool = False
+    top_logprobs: int = 0
+    echo: bool = False  # completions: the prompt before the completion
+    names: Mapping[str, str] = field(default_factory=dict)  # GenerateRequest field → the client's parameter
+
+    def __post_init__(self) -> None:
+        if self.guide is not None and self.choice.mode in ("required", "function"):
+            raise ParamError(f"'{self.param('response_format')}' cannot be combined with a "
+                             f"'{self.param('tool_choice')}' that forces a call", self.param("response_format"))
+
+    def param(self, name: str) -> str:
+        """What the client calls the generation parameter `name`."""
+        return self.names.get(name, name)
+
+    @property
+    def choice(self) -> llm_pb2.ToolChoice:
+        if self.tool_choice is not None:
+            return self.tool_choice
+        return llm_pb2.ToolChoice(mode="auto" if self.tools else "none")
+
+    def proto(self) -> llm_pb2.GenerateRequest:
+        proto = llm_pb2.GenerateRequest(model=self.model, logprobs=self.logprobs, top_logprobs=self.top_logprobs,
+                                        echo=self.echo)
+        self.sampling.fill(proto)
+        if self.prompts:
+            proto.prompts.prompts.extend(self.prompts)
+        else:
+            chat = llm_pb2.Chat(messages=self.messages, tools=self.tools, tool_choice=self.choice)
+            if self.parallel_tool_calls is not None:
+                chat.parallel_tool_calls = self.parallel_tool_calls
+            proto.chat.CopyFrom(chat)
+        if self.guide is not None:
+            proto.guide.CopyFrom(self.guide)
+        if self.template_variables:
+            proto.chat_template_kwargs.update(dict(self.template_variables))
+        return proto

@@ -1,0 +1,71 @@
+"""The one generation input: what each front end converts into, its rules under the front end's names, and
+the GenerateRequest it becomes."""
+
+from __future__ import annotations
+
+import pytest
+
+from edge.endpoints import interactive, responses
+from edge.endpoints.common import ParamError
+from edge.endpoints.generation import GenerationInput, Sampling
+from tritongate.llm.v1 import llm_pb2
+
+TOOL = llm_pb2.Tool(name="f")
+FORCED = llm_pb2.ToolChoice(mode="required")
+
+
+def test_a_format_with_a_forced_call_is_refused_under_the_front_ends_names() -> None:
+    with pytest.raises(ParamError) as chat:
+        GenerationInput(model="m", sampling=Sampling(), tools=[TOOL], tool_choice=FORCED,
+                        guide=llm_pb2.Guide(json_object=True))
+    assert chat.value.param == "response_format"
+    with pytest.raises(ParamError) as answer:
+        responses.generation_input(responses.ResponseRequest.model_validate({
+            "model": "m", "input": "hi", "tools": [{"type": "function", "name": "f"}], "tool_choice": "required",
+            "text": {"format": {"type": "json_object"}}}), [])
+    assert answer.value.param == "text.format" and "'text.format'" in answer.value.message
+
+
+def test_sampling_leaves_unset_fields_to_the_model_and_carries_large_seeds_as_int64() -> None:
+    proto = GenerationInput(model="m", sampling=Sampling(seed=2**64 - 1, top_k=-1, stop=["x"])).proto()
+    assert proto.seed == -1 and proto.top_k == 0 and list(proto.stop) == ["x"] and proto.n == 1
+    for field in ("temperature", "top_p", "max_tokens", "repetition_penalty", "do_sample"):
+        assert not proto.HasField(field), field
+
+
+def test_a_conversation_or_prompts_one_input() -> None:
+    chat = GenerationInput(model="m", sampling=Sampling(), messages=[llm_pb2.ChatMessage(role="user", content="hi")],
+                           tools=[TOOL]).proto()
+    assert chat.WhichOneof("input") == "chat" and chat.chat.tool_choice.mode == "auto"
+    assert not chat.chat.HasField("parallel_tool_calls")
+    prompts = GenerationInput(model="m", sampling=Sampling(), prompts=[llm_pb2.Prompt(text="x")], echo=True).proto()
+    assert prompts.WhichOneof("input") == "prompts" and prompts.echo
+
+
+def test_responses_convert_straight_into_the_input() -> None:
+    body = responses.ResponseRequest.model_validate({
+        "model": "m", "instructions": "Be brief.", "input": [{"role": "developer", "content": "Use metric."},
+                                                             {"role": "user", "content": "hi"}],
+        "max_output_tokens": 5, "temperature": 0, "parallel_tool_calls": False,
+        "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}],
+        "tool_choice": "auto", "text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "object"}}}})
+    history = [llm_pb2.ChatMessage(role="user", content="before")]
+    proto = responses.generation_input(body, history).proto()
+    assert [(m.role, m.content) for m in proto.chat.messages] == [
+        ("system", "Be brief."), ("user", "before"), ("system", "Use metric."), ("user", "hi")]
+    assert proto.max_tokens == 5 and proto.HasField("temperature") and proto.chat.parallel_tool_calls is False
+    assert [t.name for t in proto.chat.tools] == ["f"] and proto.chat.tool_choice.mode == "auto"
+    named = body.model_copy(update={"tool_choice": {"type": "function", "name": "f"}, "text": None})
+    assert responses.generation_input(named, []).proto().chat.tool_choice.function == "f"
+    assert proto.guide.json_schema == '{"type":"object"}'
+
+
+def test_interactive_turns_convert_straight_into_the_input() -> None:
+    body = interactive.InteractiveRequest.model_validate({"prompt": "again", "request_output_len": 3, "top_k": 40,
+                                                          "stop": "x", "seed": 7})
+    session = interactive.Session("m", [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}])
+    generation = interactive.generation_input(body, session)
+    proto = generation.proto()
+    assert [m.content for m in proto.chat.messages] == ["hi", "yo", "again"]
+    assert (proto.max_tokens, proto.top_k, list(proto.stop), proto.seed) == (3, 40, ["x"], 7)
+    assert generation.param("max_tokens") == "request_output_len" and generation.param("n") == "n"
