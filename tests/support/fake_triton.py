@@ -33,10 +33,11 @@ from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 from tritonclient.utils import deserialize_bytes_tensor, np_to_triton_dtype, serialize_byte_tensor, triton_to_np_dtype
 
 from edge.app import create_app
+from services.common.endpoints import Endpoints
 from services.common.server import RunningService, start_service
 from services.common.triton import Triton
 from services.runner import build_service
-from tritongate.config import ModelConfig, parse_model_config
+from tritongate.config import ModelConfig, parse_model_config, parse_triton_address
 from tritongate.registry import SERVICES
 from tritongate.settings import Settings
 
@@ -59,7 +60,7 @@ class Refused(Exception):
 class FakeModel:
     config: dict[str, Any]
     answer: Answer | list[Arrays] = field(default_factory=list)  # the responses, or a function giving them
-    ready: bool = True
+    ready: bool | None = True  # None: the readiness check gets no answer
 
     def responses(self, inputs: Mapping[str, np.ndarray]) -> Iterable[Arrays]:
         return self.answer(inputs) if callable(self.answer) else self.answer
@@ -128,13 +129,13 @@ def _response(request: service_pb2.ModelInferRequest, arrays: Arrays) -> service
 
 class FakeTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
     """Triton's gRPC service for `models`; `async with FakeTriton(...) as triton:` serves it on
-    `triton.address` (host:port)."""
+    `triton.address` (host:port), with `triton.client`, the services' own Triton client, to call it."""
 
     def __init__(self, models: Mapping[str, FakeModel]) -> None:
         self.models = dict(models)
         self.requests: list[Received] = []
-        self.streams_closed = 0  # streams that ended, answered or cancelled by the client
         self.address = ""
+        self.client = Triton()
         self._server: grpc.aio.Server | None = None
 
     async def __aenter__(self) -> FakeTriton:
@@ -146,8 +147,19 @@ class FakeTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        await self.client.close()
         if self._server is not None:
             await self._server.stop(None)
+
+    async def endpoints(self, model: str) -> Endpoints:
+        """`model`'s endpoints (this Triton alone), checked ready, as a service's model holds them."""
+        endpoints = Endpoints([parse_triton_address(self.address)], model)
+        await endpoints.refresh(lambda address: self.client.why_not_ready(address, model))
+        return endpoints
+
+    async def calling(self, model: str) -> tuple[Triton, Endpoints]:
+        """What an LLM adapter takes to call `model` here: the Triton client and the model's endpoints."""
+        return self.client, await self.endpoints(model)
 
     async def _model(self, name: str, context: grpc.aio.ServicerContext) -> FakeModel:
         if name not in self.models:
@@ -171,7 +183,9 @@ class FakeTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def ModelReady(self, request: service_pb2.ModelReadyRequest, context: grpc.aio.ServicerContext
                          ) -> service_pb2.ModelReadyResponse:
         model = self.models.get(request.name)
-        return service_pb2.ModelReadyResponse(ready=model is not None and model.ready)
+        if model is not None and model.ready is None:
+            await asyncio.Event().wait()  # until the client gives up
+        return service_pb2.ModelReadyResponse(ready=model is not None and bool(model.ready))
 
     async def ModelConfig(self, request: service_pb2.ModelConfigRequest, context: grpc.aio.ServicerContext
                           ) -> service_pb2.ModelConfigResponse:
@@ -191,16 +205,13 @@ class FakeTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def ModelStreamInfer(self, requests: AsyncIterator[service_pb2.ModelInferRequest],
                                context: grpc.aio.ServicerContext
                                ) -> AsyncIterator[service_pb2.ModelStreamInferResponse]:
-        try:
-            async for request in requests:
-                await self._model(request.model_name, context)
-                try:
-                    for response in self._answer(request):
-                        yield service_pb2.ModelStreamInferResponse(infer_response=response)
-                except Refused as exc:
-                    yield service_pb2.ModelStreamInferResponse(error_message=exc.message)
-        finally:
-            self.streams_closed += 1
+        async for request in requests:
+            await self._model(request.model_name, context)
+            try:
+                for response in self._answer(request):
+                    yield service_pb2.ModelStreamInferResponse(infer_response=response)
+            except Refused as exc:
+                yield service_pb2.ModelStreamInferResponse(error_message=exc.message)
 
 
 # The stand-ins of the demo models.
@@ -252,7 +263,7 @@ def ft_echo_model() -> FakeModel:
             sequence.append(prompt[i % len(prompt)])
             ids = np.full((1, 1, len(prompt) + max_new), end_id, dtype=np.uint32)
             ids[0, 0, : len(sequence)] = sequence
-            response = {"output_ids": ids, "sequence_length": np.array([[len(sequence)]], dtype=np.uint32)}
+            response: Arrays = {"output_ids": ids, "sequence_length": np.array([[len(sequence)]], dtype=np.uint32)}
             if log_probs:
                 per_token = np.zeros((1, 1, max_new), dtype=np.float32)
                 per_token[0, 0, : i + 1] = [-0.1 * (k + 1) for k in range(i + 1)]
@@ -312,8 +323,9 @@ async def in_process_stack(models_dir: Path) -> AsyncIterator[InProcessStack]:
                 services[service.name] = await start_service(build_service(service, config, client), client,
                                                              host="127.0.0.1", port=0)
             await asyncio.gather(*(_until_serving(running.port) for running in services.values()))
-            settings = Settings(state_url="memory://", **{f"{name}_target": f"127.0.0.1:{running.port}"
-                                                         for name, running in services.items()})
+            targets: dict[str, Any] = {f"{name}_target": f"127.0.0.1:{running.port}"
+                                       for name, running in services.items()}
+            settings = Settings(state_url="memory://", **targets)
             app = create_app(settings)
             async with app.router.lifespan_context(app), httpx.AsyncClient(
                     transport=httpx.ASGITransport(app=app), base_url="http://edge", timeout=30) as edge:

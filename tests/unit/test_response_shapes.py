@@ -233,7 +233,7 @@ async def streamed(turn: interactive.Turn, generation: Generation, failure: Exce
             yield line
 
     response = interactive.json_lines(turn)(lines(), 1.0)
-    return _lines(b"".join([chunk async for chunk in response.body_iterator]))  # type: ignore[attr-defined,misc]
+    return _lines(b"".join([chunk async for chunk in response.body_iterator]))
 
 
 async def interactive_cases() -> list[Case]:
@@ -345,11 +345,11 @@ def test_every_response_model_is_met_by_some_builder_output(cases: list[Case]) -
 
 
 def test_the_check_refuses_an_extra_a_missing_or_a_mistyped_field() -> None:
-    chunk = {**HEAD, "object": "chat.completion.chunk",
-             "choices": [{"index": 0, "delta": {"content": "x"}, "logprobs": None, "finish_reason": None}]}
+    choice = {"index": 0, "delta": {"content": "x"}, "logprobs": None, "finish_reason": None}
+    chunk = {**HEAD, "object": "chat.completion.chunk", "choices": [choice]}
     exactly(chat.ChatCompletionChunk, chunk)
     with pytest.raises(AssertionError, match="choices"):
-        exactly(chat.ChatCompletionChunk, {**chunk, "choices": [{**chunk["choices"][0], "extra": 1}]})
+        exactly(chat.ChatCompletionChunk, {**chunk, "choices": [{**choice, "extra": 1}]})
     with pytest.raises(ValueError, match="finish_reason"):
         exactly(chat.ChatCompletionChunk, {**chunk, "choices": [{"index": 0, "delta": {}, "logprobs": None}]})
     with pytest.raises(ValueError, match="created"):

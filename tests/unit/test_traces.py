@@ -126,7 +126,7 @@ def recorded() -> Iterator[list[Call]]:
         yield calls
     finally:
         sys.setprofile(None)
-        threading.setprofile(None)  # type: ignore[arg-type]
+        threading.setprofile(None)
 
 
 def matches(call: Call, hop: str) -> bool:
