@@ -25,6 +25,7 @@ from fastapi import Response
 from fastapi.responses import StreamingResponse
 from pydantic import Field, StrictInt, field_validator, model_validator
 
+from edge.api_router import ErrorObject
 from edge.endpoints.chat import ChatMessage
 from edge.endpoints.common import UINT32_MAX, OpenAIRequest, ParamError, ResponseModel
 from edge.endpoints.generation import GenerationInput, Sampling
@@ -88,6 +89,7 @@ class InteractiveResponse(ResponseModel):
     history_tokens: int
     finish_reason: Literal["stop", "length", "error"] | None
     session_id: int
+    error: ErrorObject | None = None  # on the last line of a stream that failed (finish_reason "error")
 
 
 # The answer, or with `stream: true` JSON lines of it (as /openapi.json declares them).

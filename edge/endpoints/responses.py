@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 import orjson
-from pydantic import Field, WithJsonSchema, field_validator
+from pydantic import Field, RootModel, WithJsonSchema, field_validator
 
 from edge.endpoints.common import UINT32_MAX, OpenAIRequest, ResponseModel
 from edge.endpoints.generation import GenerationInput, Sampling
@@ -381,8 +381,64 @@ class Response(ResponseModel):
     metadata: dict[str, str]
 
 
-class ResponseStreamEvent(ResponseModel):
-    """One event of a stream (`event:` is its `type`); see OpenAI's ResponseStreamEvent for each type."""
-
-    type: str
+class _Event(ResponseModel):
     sequence_number: int
+
+
+class ResponseLifecycleEvent(_Event):
+    type: Literal["response.created", "response.in_progress", "response.completed", "response.incomplete"]
+    response: Response
+
+
+class OutputItemEvent(_Event):
+    type: Literal["response.output_item.added", "response.output_item.done"]
+    output_index: int
+    item: OutputMessage | FunctionCallItem
+
+
+class ContentPartEvent(_Event):
+    type: Literal["response.content_part.added", "response.content_part.done"]
+    item_id: str
+    output_index: int
+    content_index: int
+    part: OutputText
+
+
+class OutputTextDeltaEvent(_Event):
+    type: Literal["response.output_text.delta"]
+    item_id: str
+    output_index: int
+    content_index: int
+    delta: str
+    logprobs: list[Any]
+
+
+class OutputTextDoneEvent(_Event):
+    type: Literal["response.output_text.done"]
+    item_id: str
+    output_index: int
+    content_index: int
+    text: str
+    logprobs: list[Any]
+
+
+class ArgumentsDeltaEvent(_Event):
+    type: Literal["response.function_call_arguments.delta"]
+    item_id: str
+    output_index: int
+    delta: str
+
+
+class ArgumentsDoneEvent(_Event):
+    type: Literal["response.function_call_arguments.done"]
+    item_id: str
+    output_index: int
+    name: str
+    arguments: str
+
+
+class ResponseStreamEvent(RootModel[Annotated[
+        ResponseLifecycleEvent | OutputItemEvent | ContentPartEvent | OutputTextDeltaEvent | OutputTextDoneEvent
+        | ArgumentsDeltaEvent | ArgumentsDoneEvent, Field(discriminator="type")]]):
+    """One event of a stream (`event:` is its `type`): the types of OpenAI's ResponseStreamEvent that
+    `ResponseEvents` writes."""

@@ -64,3 +64,7 @@ def detokenize_proto(body: DetokenizeRequest) -> tokenizer_pb2.DetokenizeRequest
 
 def tokenized(response: tokenizer_pb2.TokenizeResponse) -> dict[str, Any]:
     return {"count": len(response.tokens), "max_model_len": response.max_model_len, "tokens": list(response.tokens)}
+
+
+def detokenized(response: tokenizer_pb2.DetokenizeResponse) -> dict[str, Any]:
+    return {"prompt": response.prompt}

@@ -24,4 +24,4 @@ async def tokenize_text(body: tokenize.TokenizeRequest, request: Request, client
 async def detokenize_tokens(body: tokenize.DetokenizeRequest, request: Request, clients: ClientsDep) -> Response:
     client = await clients.for_model(body.model)
     answer = await until_disconnected(request, client.detokenize(tokenize.detokenize_proto(body)))
-    return Response(orjson.dumps({"prompt": answer.prompt}), media_type="application/json")
+    return Response(orjson.dumps(tokenize.detokenized(answer)), media_type="application/json")

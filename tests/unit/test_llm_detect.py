@@ -15,7 +15,7 @@ from tritonclient.grpc import model_config_pb2
 
 from services.common.errors import ServiceError
 from services.llm.detect import ModelBackend, detect_backend
-from tests.unit.llm_fakes import FakeTriton, triton_config
+from tests.support.fake_triton import triton_config
 from tritongate.config import LlmModel
 
 DOC = Path(__file__).parents[2] / "docs" / "backends.md"
@@ -43,7 +43,7 @@ def entry(**fields: Any) -> LlmModel:
 @pytest.mark.parametrize(("name", "config"), doc_configs(), ids=lambda value: value if isinstance(value, str) else "")
 def test_the_documented_configurations_are_detected_and_accepted(name: str, config: dict[str, Any]) -> None:
     assert detect_backend(config, "m") == name
-    backend = ModelBackend(entry(), FakeTriton(), "u")  # type: ignore[arg-type]
+    backend = ModelBackend(entry(), None, None)  # type: ignore[arg-type]  # no Triton: detection needs none
     backend.configure({**VLLM_AUTO, **config} if name == "vllm" else config)
     assert backend.name == name
 
@@ -87,14 +87,14 @@ def test_a_model_matching_no_interface_is_refused_naming_what_was_found(config: 
 def test_an_explicit_backend_is_not_detected_but_checked() -> None:
     ft = triton_config({"input_ids": "UINT32", "input_lengths": "UINT32", "request_output_len": "UINT32"},
                        {"output_ids": "UINT32", "sequence_length": "UINT32"})
-    backend = ModelBackend(entry(backend="tensorrt_llm"), FakeTriton(), "u")  # type: ignore[arg-type]
+    backend = ModelBackend(entry(backend="tensorrt_llm"), None, None)  # type: ignore[arg-type]
     assert backend.name == "tensorrt_llm" and not backend.supports("seed")  # not configured yet
     with pytest.raises(ServiceError, match="lacks the TensorRT-LLM tensors streaming"):
         backend.configure(ft)
 
 
 def test_the_backend_follows_the_triton_model_when_it_changes() -> None:
-    backend = ModelBackend(entry(), FakeTriton(), "u")  # type: ignore[arg-type]
+    backend = ModelBackend(entry(), None, None)  # type: ignore[arg-type]  # no Triton: detection needs none
     assert backend.name == "undetected" and not backend.takes_text
     backend.configure(triton_config({"input_ids": "UINT32", "input_lengths": "UINT32", "request_output_len": "UINT32"},
                                     {"output_ids": "UINT32", "sequence_length": "UINT32"}))

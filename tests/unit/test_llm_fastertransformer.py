@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import grpc
@@ -12,6 +12,7 @@ import pytest
 from services.common.errors import ServiceError
 from services.llm.backends import Sampling
 from services.llm.fastertransformer import FasterTransformer, encode_words
+from tests.support.fake_triton import FakeModel, FakeTriton
 
 FT_INPUTS = {"input_ids": "UINT32", "input_lengths": "UINT32", "request_output_len": "UINT32",
              "runtime_top_k": "UINT32", "runtime_top_p": "FP32", "temperature": "FP32", "repetition_penalty": "FP32",
@@ -66,23 +67,6 @@ def test_a_model_without_the_ft_interface_is_refused() -> None:
     assert "input_lengths, request_output_len, delay_ms" in info.value.message
 
 
-class FakeTriton:
-    """Replays FT responses: each the whole sequence so far, padded to prompt + request_output_len."""
-
-    def __init__(self, responses: list[dict[str, np.ndarray]]) -> None:
-        self.responses = responses
-        self.closed = False
-
-    async def stream(self, url: str, model: str, inputs: Mapping[str, np.ndarray], outputs: list[str],
-                     timeout: float | None, request_id: str = "") -> AsyncIterator[dict[str, np.ndarray]]:
-        self.request_id = request_id
-        try:
-            for response in self.responses:
-                yield {name: array for name, array in response.items() if name in outputs}
-        finally:
-            self.closed = True
-
-
 def ft_response(sequence: list[int], width: int, log_probs: list[float]) -> dict[str, np.ndarray]:
     ids = np.full((1, 1, width), 2, dtype=np.uint32)
     ids[0, 0, : len(sequence)] = sequence
@@ -94,18 +78,17 @@ def ft_response(sequence: list[int], width: int, log_probs: list[float]) -> dict
 
 async def test_cumulative_outputs_become_new_tokens() -> None:
     prompt = [7, 8, 9]
-    triton = FakeTriton([
+    async with FakeTriton({"m": FakeModel(ft_config(), [
         ft_response([*prompt, 20], 8, [-1.0]),
         ft_response([*prompt, 20, 21, 22], 8, [-1.0, -2.0, -3.0]),  # two tokens in one response
         ft_response([*prompt, 20, 21, 22], 8, [-1.0, -2.0, -3.0]),  # nothing new
         {},  # an empty final response
         ft_response([*prompt, 20, 21, 22, 2], 8, [-1.0, -2.0, -3.0, -4.0]),
-    ])
-    adapter = FasterTransformer(triton, "u", "m")  # type: ignore[arg-type]
-    adapter.configure(ft_config())
-    sampling = Sampling(max_new_tokens=5, greedy=True, logprobs=True, request_id="chatcmpl-1-0")
-    steps = [step async for step in adapter.stream(prompt, sampling, None)]
+    ])}) as triton:
+        adapter = FasterTransformer(*await triton.calling("m"), "m")
+        adapter.configure(ft_config())
+        sampling = Sampling(max_new_tokens=5, greedy=True, logprobs=True, request_id="chatcmpl-1-0")
+        steps = [step async for step in adapter.stream(prompt, sampling, None)]
     assert [s.token_ids for s in steps] == [[20], [21, 22], [2]]
     assert [s.logprobs for s in steps] == [[-1.0], [-2.0, -3.0], [-4.0]]
-    assert triton.closed
-    assert triton.request_id == "chatcmpl-1-0"  # Triton's logs name the client request
+    assert triton.requests[0].request_id == "chatcmpl-1-0"  # Triton's logs name the client request

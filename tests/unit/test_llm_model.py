@@ -13,10 +13,11 @@ import grpc
 import numpy as np
 import pytest
 
+from services.common import triton as triton_client
 from services.common.errors import ServiceError
 from services.llm.model import LanguageModel
+from tests.support.fake_triton import Arrays, FakeModel, FakeTriton, texts, triton_config
 from tests.support.stack import DEMO_LLM
-from tests.unit.llm_fakes import FakeTriton, texts, triton_config
 from tests.unit.test_llm_tensorrt_llm import INPUTS as TRT_INPUTS
 from tests.unit.test_llm_tensorrt_llm import OUTPUTS as TRT_OUTPUTS
 from tests.unit.test_llm_vllm import INPUTS as VLLM_INPUTS
@@ -29,9 +30,14 @@ ENSEMBLE = triton_config({"text_input": "STRING", "max_tokens": "INT32", "stop_w
 VLLM = triton_config(VLLM_INPUTS, VLLM_OUTPUTS, batched=False, backend="vllm")
 
 
+def serving(config: dict[str, Any], responses: list[Arrays] | None = None) -> FakeTriton:
+    """A Triton serving model `m` with `config`, answering every request with `responses`."""
+    return FakeTriton({"m": FakeModel(config, responses or [])})
+
+
 def model(models_dir: Path, triton: FakeTriton, info: ModelInfo | None = None, **fields: Any) -> LanguageModel:
-    entry = LlmModel(name="m", url="u", path=str(models_dir / DEMO_LLM), **fields)
-    return LanguageModel(entry, info or ModelInfo(name="m", max_len=256), triton)  # type: ignore[arg-type]
+    entry = LlmModel(name="m", url=triton.address, path=str(models_dir / DEMO_LLM), **fields)
+    return LanguageModel(entry, info or ModelInfo(name="m", max_len=256), triton.client)
 
 
 async def generate(llm: LanguageModel, **fields: Any) -> list[llm_pb2.GenerateResponse]:
@@ -66,57 +72,57 @@ def vllm_steps(*pieces: tuple[str, int, str]) -> list[dict[str, np.ndarray]]:
 
 
 async def test_vllm_gets_the_rendered_chat_and_n_choices_with_their_seeds(models_dir: Path) -> None:
-    triton = FakeTriton(VLLM, vllm_steps(("Hello", 1, "None"), (" wor", 1, "None"), ("ld", 1, "length")))
-    llm = model(models_dir, triton)
-    responses = await generate(llm, chat=chat("Hi"), n=2, seed=7, max_tokens=3, stop=["wor"],
-                                chat_template_kwargs={"unused": True})
-    assert [choice_texts(responses, i) for i in (0, 1)] == ["Hello ", "Hello "]
-    assert finish(responses) == "stop"
-    sent = [r.inputs for r in triton.requests]
-    assert sent[0]["text_input"][0].decode().endswith("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
-    params = [json.loads(inputs["sampling_parameters"][0]) for inputs in sent]
-    assert [p["seed"] for p in params] == [7, 8] and params[0]["stop"] == ["wor"] and params[0]["max_tokens"] == 3
-    usage = responses[-1].usage
-    assert (usage.prompt_tokens, usage.completion_tokens) == (11, 4)  # vLLM's counts: 11 once, 2 per choice
+    async with serving(VLLM, vllm_steps(("Hello", 1, "None"), (" wor", 1, "None"), ("ld", 1, "length"))) as triton:
+        llm = model(models_dir, triton)
+        responses = await generate(llm, chat=chat("Hi"), n=2, seed=7, max_tokens=3, stop=["wor"],
+                                    chat_template_kwargs={"unused": True})
+        assert [choice_texts(responses, i) for i in (0, 1)] == ["Hello ", "Hello "]
+        assert finish(responses) == "stop"
+        sent = [r.inputs for r in triton.requests]
+        assert sent[0]["text_input"][0].decode().endswith("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
+        params = [json.loads(inputs["sampling_parameters"][0]) for inputs in sent]
+        assert [p["seed"] for p in params] == [7, 8] and params[0]["stop"] == ["wor"] and params[0]["max_tokens"] == 3
+        usage = responses[-1].usage
+        assert (usage.prompt_tokens, usage.completion_tokens) == (11, 4)  # vLLM's counts: 11 once, 2 per choice
 
 
 async def test_vllm_length_and_ignore_eos(models_dir: Path) -> None:
-    triton = FakeTriton(VLLM, vllm_steps(("a b c", 3, "length")))
-    responses = await generate(model(models_dir, triton), prompts=prompts("x"), max_tokens=3, ignore_eos=True,
-                               min_p=0.1)
-    assert choice_texts(responses) == "a b c" and finish(responses) == "length"
-    params = json.loads(triton.requests[0].inputs["sampling_parameters"][0])
-    assert params["ignore_eos"] is True and params["min_p"] == pytest.approx(0.1)
+    async with serving(VLLM, vllm_steps(("a b c", 3, "length"))) as triton:
+        responses = await generate(model(models_dir, triton), prompts=prompts("x"), max_tokens=3, ignore_eos=True,
+                                   min_p=0.1)
+        assert choice_texts(responses) == "a b c" and finish(responses) == "length"
+        params = json.loads(triton.requests[0].inputs["sampling_parameters"][0])
+        assert params["ignore_eos"] is True and params["min_p"] == pytest.approx(0.1)
 
 
 async def test_the_ensemble_without_counts_is_counted_with_the_tokenizer(models_dir: Path) -> None:
-    triton = FakeTriton(ENSEMBLE, texts("one", " two", " three"))
-    responses = await generate(model(models_dir, triton), prompts=prompts([1, 2, 3]), max_tokens=3)
-    assert choice_texts(responses) == "one two three" and finish(responses) == "length"
-    assert responses[-1].usage.completion_tokens == 3 and responses[-1].usage.prompt_tokens == 3
-    inputs = triton.requests[0].inputs
-    assert inputs["text_input"].tolist() == [[b"<|im_start|><|im_end|><repo_name>"]]  # token ids as text
-    assert inputs["end_id"].tolist() == [[2]]
+    async with serving(ENSEMBLE, texts("one", " two", " three")) as triton:
+        responses = await generate(model(models_dir, triton), prompts=prompts([1, 2, 3]), max_tokens=3)
+        assert choice_texts(responses) == "one two three" and finish(responses) == "length"
+        assert responses[-1].usage.completion_tokens == 3 and responses[-1].usage.prompt_tokens == 3
+        inputs = triton.requests[0].inputs
+        assert inputs["text_input"].tolist() == [[b"<|im_start|><|im_end|><repo_name>"]]  # token ids as text
+        assert inputs["end_id"].tolist() == [[2]]
 
 
 async def test_the_ensemble_stops_on_a_model_infos_stop_word_as_text(models_dir: Path, tokenizer: Any) -> None:
     info = ModelInfo(name="m", max_len=256, stop_words=[tokenizer.encode(" END", add_special_tokens=False)])
-    triton = FakeTriton(ENSEMBLE, texts("done", " E", "ND", " more"))
-    responses = await generate(model(models_dir, triton, info), prompts=prompts("x"), max_tokens=9)
-    assert choice_texts(responses) == "done" and finish(responses) == "stop"
-    assert triton.requests[0].inputs["stop_words"].tolist() == [[b" END"]] and triton.closed == 1
+    async with serving(ENSEMBLE, texts("done", " E", "ND", " more")) as triton:
+        responses = await generate(model(models_dir, triton, info), prompts=prompts("x"), max_tokens=9)
+        assert choice_texts(responses) == "done" and finish(responses) == "stop"
+        assert triton.requests[0].inputs["stop_words"].tolist() == [[b" END"]]
 
 
 async def test_tensorrt_llm_ignoring_the_end_id(models_dir: Path, tokenizer: Any) -> None:
     tokens = [*tokenizer.encode("a", add_special_tokens=False), 2, *tokenizer.encode("b", add_special_tokens=False)]
     responses_ = [{"output_ids": np.array([[[t]]], dtype=np.int32), "sequence_length": np.array([[1]], dtype=np.int32)}
                   for t in tokens]
-    triton = FakeTriton(triton_config(TRT_INPUTS, TRT_OUTPUTS), responses_)
-    responses = await generate(model(models_dir, triton), prompts=prompts("x"), max_tokens=3, ignore_eos=True)
-    assert choice_texts(responses) == "ab" and finish(responses) == "length"
-    assert "end_id" not in triton.requests[0].inputs
-    responses = await generate(model(models_dir, triton), prompts=prompts("x"), max_tokens=3)
-    assert choice_texts(responses) == "a" and finish(responses) == "stop"
+    async with serving(triton_config(TRT_INPUTS, TRT_OUTPUTS), responses_) as triton:
+        responses = await generate(model(models_dir, triton), prompts=prompts("x"), max_tokens=3, ignore_eos=True)
+        assert choice_texts(responses) == "ab" and finish(responses) == "length"
+        assert "end_id" not in triton.requests[0].inputs
+        responses = await generate(model(models_dir, triton), prompts=prompts("x"), max_tokens=3)
+        assert choice_texts(responses) == "a" and finish(responses) == "stop"
 
 
 @pytest.mark.parametrize(("config", "fields", "param", "backend"), [
@@ -129,44 +135,48 @@ async def test_tensorrt_llm_ignoring_the_end_id(models_dir: Path, tokenizer: Any
 async def test_knobs_a_backend_lacks_are_refused_naming_it(models_dir: Path, config: dict[str, Any],
                                                            fields: dict[str, Any], param: str, backend: str) -> None:
     with pytest.raises(ServiceError) as info:
-        await generate(model(models_dir, FakeTriton(config)), prompts=prompts("x"), **fields)
+        async with serving(config) as triton:
+            await generate(model(models_dir, triton), prompts=prompts("x"), **fields)
     assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT and info.value.param == param
     assert f"by the {backend} backend" in info.value.message
 
 
 async def test_a_model_no_adapter_drives_is_not_ready_and_says_why(models_dir: Path,
                                                                    caplog: pytest.LogCaptureFixture) -> None:
-    triton = FakeTriton(triton_config({"INPUT_0": "STRING"}, {"OUTPUT_0": "STRING"}, platform="ensemble"))
-    llm = model(models_dir, triton)
-    with caplog.at_level(logging.ERROR, logger="services.llm.model"):
-        assert not await llm.refresh() and not await llm.refresh()
-    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
-    assert len(errors) == 1 and "INPUT_0 BYTES" in errors[0].getMessage()  # once per reason
-    with pytest.raises(ServiceError) as info:
-        await generate(llm, prompts=prompts("x"))
-    assert info.value.code == grpc.StatusCode.FAILED_PRECONDITION and "matches none" in info.value.message
-    triton.config = VLLM  # the Triton model was replaced by a vLLM one
-    assert await llm.refresh() and llm.backend.name == "vllm" and llm.refusal is None
+    async with serving(triton_config({"INPUT_0": "STRING"}, {"OUTPUT_0": "STRING"}, platform="ensemble")) as triton:
+        llm = model(models_dir, triton)
+        with caplog.at_level(logging.ERROR, logger="services.llm.model"):
+            assert not await llm.refresh() and not await llm.refresh()
+        errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+        assert len(errors) == 1 and "INPUT_0 BYTES" in errors[0].getMessage()  # once per reason
+        with pytest.raises(ServiceError) as info:
+            await generate(llm, prompts=prompts("x"))
+        assert info.value.code == grpc.StatusCode.FAILED_PRECONDITION and "matches none" in info.value.message
+        triton.models["m"].config = VLLM  # the Triton model was replaced by a vLLM one
+        assert await llm.refresh() and llm.backend.name == "vllm" and llm.refusal is None
 
 
-async def test_a_ready_model_outlasts_two_unanswered_readiness_checks_not_three(models_dir: Path) -> None:
+async def test_a_ready_model_outlasts_two_unanswered_readiness_checks_not_three(
+        models_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A busy Triton answers late; only a Triton that stays silent takes the model out of service."""
-    triton = FakeTriton(VLLM)
-    llm = model(models_dir, triton)
-    assert await llm.refresh()
-    triton.ready = None
-    assert await llm.refresh() and await llm.refresh()
-    assert not await llm.refresh()
-    with pytest.raises(ServiceError) as info:
-        await llm.ensure_ready()
-    assert info.value.code == grpc.StatusCode.UNAVAILABLE
-    assert info.value.message.endswith("Triton gave its readiness check no answer within 2 s (4 in a row)")
-    triton.ready = True
-    assert await llm.refresh() and llm.ready
-    triton.ready = None  # the count starts again after an answer
-    assert await llm.refresh()
+    monkeypatch.setattr(triton_client, "READINESS_TIMEOUT_S", 0.2)  # how long a check waits for the answer
+    async with serving(VLLM) as triton:
+        llm = model(models_dir, triton)
+        assert await llm.refresh()
+        triton.models["m"].ready = None
+        assert await llm.refresh() and await llm.refresh()
+        assert not await llm.refresh()
+        with pytest.raises(ServiceError) as info:
+            await llm.ensure_ready()
+        assert info.value.code == grpc.StatusCode.UNAVAILABLE
+        assert info.value.message.endswith("Triton gave its readiness check no answer within 0 s (4 in a row)")
+        triton.models["m"].ready = True
+        assert await llm.refresh() and llm.ready
+        triton.models["m"].ready = None  # the count starts again after an answer
+        assert await llm.refresh()
 
 
 async def test_model_infos_bad_words_refuse_a_vllm_model(models_dir: Path) -> None:
-    llm = model(models_dir, FakeTriton(VLLM), ModelInfo(name="m", bad_words=[[5]]))
-    assert not await llm.refresh() and "bad_words" in (llm.refusal or "")
+    async with serving(VLLM) as triton:
+        llm = model(models_dir, triton, ModelInfo(name="m", bad_words=[[5]]))
+        assert not await llm.refresh() and "bad_words" in (llm.refusal or "")

@@ -12,7 +12,7 @@ import pytest
 from services.common.errors import ServiceError
 from services.llm.backends import Sampling
 from services.llm.tensorrt_llm import TensorRTLLM
-from tests.unit.llm_fakes import FakeTriton, triton_config
+from tests.support.fake_triton import FakeModel, FakeTriton, triton_config
 
 # tensorrtllm_backend's all_models/inflight_batcher_llm/tensorrt_llm (2025-05 names), the inputs the adapter uses.
 INPUTS = {"input_ids": "INT32", "input_lengths": "INT32", "request_output_len": "INT32", "end_id": "INT32",
@@ -25,8 +25,9 @@ OLD = {**{k: v for k, v in INPUTS.items() if k not in ("seed", "min_tokens", "ex
        "random_seed": "UINT64", "min_length": "INT32"}  # before 2025-05 (and before 2024-09 for exclude_...)
 
 
-def adapter(inputs: dict[str, str] = INPUTS, triton: Any = None, **config: Any) -> TensorRTLLM:
-    trt = TensorRTLLM(triton or FakeTriton(), "u", "m", {"len_penalty": 1.0})  # type: ignore[arg-type]
+def adapter(inputs: dict[str, str] = INPUTS, calling: tuple[Any, Any] = (None, None), **config: Any) -> TensorRTLLM:
+    """The adapter calling a FakeTriton's model (`FakeTriton.calling`), or none (for what needs no Triton)."""
+    trt = TensorRTLLM(*calling, "m", {"len_penalty": 1.0})
     trt.configure(triton_config(inputs, OUTPUTS, **config))
     return trt
 
@@ -96,7 +97,7 @@ def test_a_model_that_cannot_stream_tokens_is_refused(inputs: dict[str, str], co
 
 
 def test_constants_must_be_declared() -> None:
-    trt = TensorRTLLM(FakeTriton(), "u", "m", {"delay_ms": 1})  # type: ignore[arg-type]
+    trt = TensorRTLLM(None, None, "m", {"delay_ms": 1})  # type: ignore[arg-type]
     with pytest.raises(ServiceError, match="no input delay_ms"):
         trt.configure(triton_config(INPUTS, OUTPUTS))
 
@@ -112,18 +113,18 @@ def response(tokens: list[int], log_probs: list[float] | None = None, width: int
 
 
 async def test_each_response_holds_only_new_tokens() -> None:
-    triton = FakeTriton(responses=[
+    async with FakeTriton({"m": FakeModel(triton_config(INPUTS, OUTPUTS), [
         response([20], [-1.0]),
         response([21, 22], [-2.0, -3.0], width=4),  # two tokens (speculative decoding), padded with -1
         {},  # an empty final response
         response([], []),
         response([23], [-1.0, -2.0, -3.0, -4.0]),  # a backend that reports every log probability so far
-    ])
-    trt = adapter(triton=triton)
-    steps = [step async for step in trt.stream([7, 8, 9], sampling(logprobs=True, request_id="cmpl-1-0"), None)]
+    ])}) as triton:
+        trt = adapter(calling=await triton.calling("m"))
+        steps = [step async for step in trt.stream([7, 8, 9], sampling(logprobs=True, request_id="cmpl-1-0"), None)]
     assert [s.token_ids for s in steps] == [[20], [21, 22], [23]]
     assert [s.logprobs for s in steps] == [[-1.0], [-2.0, -3.0], [-4.0]]
     assert all(s.text is None for s in steps)
     request = triton.requests[0]
     assert request.outputs == ["output_ids", "sequence_length", "output_log_probs"]
-    assert request.request_id == "cmpl-1-0" and triton.closed == 1
+    assert request.request_id == "cmpl-1-0"

@@ -12,7 +12,7 @@ import pytest
 from services.common.errors import ServiceError
 from services.llm.backends import Sampling
 from services.llm.tensorrt_llm_text import TensorRTLLMText
-from tests.unit.llm_fakes import FakeTriton, texts, triton_config
+from tests.support.fake_triton import FakeModel, FakeTriton, texts, triton_config
 
 # tensorrtllm_backend's all_models/inflight_batcher_llm/ensemble (2025-05 names), the inputs the adapter uses.
 INPUTS = {"text_input": "STRING", "max_tokens": "INT32", "bad_words": "STRING", "stop_words": "STRING",
@@ -28,9 +28,10 @@ ENSEMBLE: dict[str, Any] = {"platform": "ensemble", "decoupled": False}  # an en
 BLS: dict[str, Any] = {"backend": "python"}
 
 
-def adapter(inputs: dict[str, str] = INPUTS, outputs: dict[str, str] = OUTPUTS, triton: Any = None,
+def adapter(inputs: dict[str, str] = INPUTS, outputs: dict[str, str] = OUTPUTS, calling: tuple[Any, Any] = (None, None),
             accumulate: bool | None = None, **config: Any) -> TensorRTLLMText:
-    text = TensorRTLLMText(triton or FakeTriton(), "u", "m", accumulate_tokens=accumulate)  # type: ignore[arg-type]
+    """The adapter calling a FakeTriton's model (`FakeTriton.calling`), or none (for what needs no Triton)."""
+    text = TensorRTLLMText(*calling, "m", accumulate_tokens=accumulate)
     text.configure(triton_config(inputs, outputs, **(config or ENSEMBLE)))
     return text
 
@@ -95,17 +96,20 @@ def counted(*pieces: tuple[str, int]) -> list[dict[str, np.ndarray]]:
 
 
 async def test_delta_text_and_counts() -> None:
-    triton = FakeTriton(responses=[*counted(("Hel", 1), ("lo", 1), ("", 0)), {}])
-    steps = [s async for s in adapter(triton=triton).stream([1], sampling(request_id="r-0"), None, text="Say")]
+    async with FakeTriton({"m": FakeModel(triton_config(INPUTS, OUTPUTS, **ENSEMBLE),
+                                          [*counted(("Hel", 1), ("lo", 1), ("", 0)), {}])}) as triton:
+        model = adapter(calling=await triton.calling("m"))
+        steps = [s async for s in model.stream([1], sampling(request_id="r-0"), None, text="Say")]
     assert [(s.text, s.tokens, s.prompt_tokens) for s in steps] == [("Hel", 1, 4), ("lo", 1, 4), ("", 0, 4)]
     assert triton.requests[0].outputs == ["text_output", "num_input_tokens", "num_output_tokens"]
     assert triton.requests[0].inputs["text_input"].tolist() == [[b"Say"]] and triton.requests[0].request_id == "r-0"
 
 
 async def test_accumulated_text_becomes_deltas_and_waits_for_whole_characters() -> None:
-    triton = FakeTriton(responses=texts("Hi", "Hi \ufffd", "Hi 😀", "Hi 😀 ok", "Hi 😀 ok\ufffd"))
-    model = adapter({"text_input": "STRING", "max_tokens": "INT32", "stream": "BOOL"}, {"text_output": "STRING"},
-                    triton=triton, accumulate=True, **BLS)
-    steps = [s async for s in model.stream([1], sampling(), None, text="x")]
+    inputs, outputs = {"text_input": "STRING", "max_tokens": "INT32", "stream": "BOOL"}, {"text_output": "STRING"}
+    async with FakeTriton({"m": FakeModel(triton_config(inputs, outputs, **BLS),
+                                          texts("Hi", "Hi \ufffd", "Hi 😀", "Hi 😀 ok", "Hi 😀 ok\ufffd"))}) as triton:
+        model = adapter(inputs, outputs, calling=await triton.calling("m"), accumulate=True, **BLS)
+        steps = [s async for s in model.stream([1], sampling(), None, text="x")]
     assert [s.text for s in steps] == ["Hi", " ", "😀", " ok", "", "\ufffd"]  # the end releases what was held
     assert all(s.tokens is None for s in steps[:-1])  # no counts: the service counts with the tokenizer

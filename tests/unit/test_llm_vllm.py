@@ -13,7 +13,7 @@ import pytest
 from services.common.errors import ServiceError
 from services.llm.backends import Sampling
 from services.llm.vllm import Vllm, parse_logprobs, sampling_parameters
-from tests.unit.llm_fakes import FakeTriton, triton_config
+from tests.support.fake_triton import Arrays, FakeModel, FakeTriton, triton_config
 
 # What vllm_backend's auto_complete_config declares (r25.x).
 INPUTS = {"text_input": "STRING", "image": "STRING", "stream": "BOOL", "sampling_parameters": "STRING",
@@ -24,11 +24,21 @@ OUTPUTS = {"text_output": "STRING", "finish_reason": "STRING", "cumulative_logpr
 R24_02 = ({"text_input": "STRING", "stream": "BOOL", "sampling_parameters": "STRING"}, {"text_output": "STRING"})
 
 
-def adapter(inputs: dict[str, str] = INPUTS, outputs: dict[str, str] = OUTPUTS, triton: Any = None,
+def config(inputs: dict[str, str] = INPUTS, outputs: dict[str, str] = OUTPUTS) -> dict[str, Any]:
+    return triton_config(inputs, outputs, batched=False, backend="vllm")
+
+
+def adapter(inputs: dict[str, str] = INPUTS, outputs: dict[str, str] = OUTPUTS, calling: tuple[Any, Any] = (None, None),
             lora: str | None = None) -> Vllm:
-    model = Vllm(triton or FakeTriton(), "u", "m", lora_name=lora)  # type: ignore[arg-type]
-    model.configure(triton_config(inputs, outputs, batched=False, backend="vllm"))
+    """The adapter calling a FakeTriton's model (`FakeTriton.calling`), or none (for what needs no Triton)."""
+    model = Vllm(*calling, "m", lora_name=lora)
+    model.configure(config(inputs, outputs))
     return model
+
+
+def serving(responses: list[Arrays], inputs: dict[str, str] = INPUTS, outputs: dict[str, str] = OUTPUTS
+            ) -> FakeTriton:
+    return FakeTriton({"m": FakeModel(config(inputs, outputs), responses)})
 
 
 def sampling(**fields: Any) -> Sampling:
@@ -87,18 +97,19 @@ def vllm_response(text: str, reason: str = "None", tokens: int = 1, logprobs: An
 
 
 async def test_deltas_finish_reason_and_counts() -> None:
-    triton = FakeTriton(responses=[vllm_response("Hel"), vllm_response("lo wor", tokens=2),
-                                   vllm_response("ld", reason="length")])
-    steps = [s async for s in adapter(triton=triton).stream([], sampling(), None, text="Say")]
+    async with serving([vllm_response("Hel"), vllm_response("lo wor", tokens=2),
+                        vllm_response("ld", reason="length")]) as triton:
+        steps = [s async for s in adapter(calling=await triton.calling("m")).stream([], sampling(), None, text="Say")]
     assert [(s.text, s.tokens, s.finish_reason, s.prompt_tokens) for s in steps] == [
         ("Hel", 1, None, 3), ("lo wor", 2, None, 3), ("ld", 1, "length", 3)]
     assert triton.requests[0].outputs == ["text_output", "finish_reason", "num_input_tokens", "num_output_tokens"]
 
 
 async def test_abort_is_an_error() -> None:
-    triton = FakeTriton(responses=[vllm_response("x", reason="abort")])
-    with pytest.raises(ServiceError) as info:
-        [s async for s in adapter(triton=triton).stream([], sampling(), None, text="Say")]
+    async with serving([vllm_response("x", reason="abort")]) as triton:
+        model = adapter(calling=await triton.calling("m"))
+        with pytest.raises(ServiceError) as info:
+            [s async for s in model.stream([], sampling(), None, text="Say")]
     assert "aborted" in info.value.message
 
 
@@ -115,9 +126,10 @@ def test_logprobs_sampled_token_first_alternatives_by_rank() -> None:
 
 
 async def test_logprobs_reach_the_step() -> None:
-    triton = FakeTriton(responses=[vllm_response("ab", tokens=2, logprobs=[{"1": {"logprob": -1.0, "rank": 1}},
-                                                                          {"2": {"logprob": -2.0, "rank": 1}}])])
-    [step] = [s async for s in adapter(triton=triton).stream([], sampling(logprobs=True, top_logprobs=1), None, "x")]
+    async with serving([vllm_response("ab", tokens=2, logprobs=[{"1": {"logprob": -1.0, "rank": 1}},
+                                                                {"2": {"logprob": -2.0, "rank": 1}}])]) as triton:
+        model = adapter(calling=await triton.calling("m"))
+        [step] = [s async for s in model.stream([], sampling(logprobs=True, top_logprobs=1), None, "x")]
     assert (step.token_ids, step.logprobs, step.top_logprobs) == ([1, 2], [-1.0, -2.0], [[(1, -1.0)], [(2, -2.0)]])
     assert "logprobs" in triton.requests[0].outputs
 
@@ -125,5 +137,6 @@ async def test_logprobs_reach_the_step() -> None:
 async def test_backends_before_r24_03_stream_the_prompt_and_all_text_so_far() -> None:
     responses = [{"text_output": np.array([text.encode()], dtype=np.object_)}
                  for text in ("Say: Hel", "Say: Hello \ufffd", "Say: Hello 😀")]
-    model = adapter(*R24_02, triton=FakeTriton(responses=responses))
-    assert [s.text async for s in model.stream([], sampling(), None, text="Say: ")] == ["Hel", "lo ", "😀"]
+    async with serving(responses, *R24_02) as triton:
+        model = adapter(*R24_02, calling=await triton.calling("m"))
+        assert [s.text async for s in model.stream([], sampling(), None, text="Say: ")] == ["Hel", "lo ", "😀"]

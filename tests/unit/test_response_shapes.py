@@ -1,0 +1,356 @@
+"""Each response shape is written twice: the schema class that /openapi.json declares (`ResponseModel`
+subclasses in edge/endpoints/) and the builder the hot path writes bytes with. Here every builder runs on
+protos built in the test, across its variants, and each output must be exactly its schema class (strict
+types, no field missing, none extra), and OpenAI's published schema where OpenAI has one. Every
+`ResponseModel` subclass must be met by some output, so a new shape cannot go unchecked."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import importlib
+import json
+import pkgutil
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import orjson
+import pytest
+from pydantic import BaseModel, TypeAdapter
+
+import edge.endpoints
+from edge.endpoints import chat, completions, embeddings, interactive, models, rerank, responses, tokenize
+from edge.endpoints.common import ResponseModel
+from edge.endpoints.llm_common import Collected
+from edge.errors import OpenAIError
+from edge.state import Limits
+from edge.state.memory import MemoryStore
+from edge.streaming import ChunkFraming, Framing
+from tests.support.openai_schema import validate
+from tests.support.streams import parse_events, validate_completion_chunk
+from tritongate.common.v1 import common_pb2, tokenizer_pb2
+from tritongate.embed.v1 import embed_pb2
+from tritongate.llm.v1 import llm_pb2
+from tritongate.rerank.v1 import rerank_pb2
+
+HEAD = {"id": "x-1", "object": "?", "created": 1700000000, "model": "m"}
+USAGE = common_pb2.Usage(prompt_tokens=5, completion_tokens=7, total_tokens=12)
+
+
+@dataclass
+class Case:
+    """One output of a builder: `payload` (parsed JSON) must be exactly `schema`, and OpenAI's `openai`."""
+
+    name: str
+    schema: type[BaseModel] | TypeAdapter[Any]
+    payload: Any
+    openai: str | Callable[[Any], None] | None = None
+
+
+# What the generation endpoints get from the llm service.
+
+def logprob(token: str, value: float, offset: int, alternatives: int) -> llm_pb2.TokenLogprob:
+    top = [llm_pb2.TopLogprob(token=f"{token}{i}", logprob=value - i, bytes=f"{token}{i}".encode())
+           for i in range(alternatives)]
+    return llm_pb2.TokenLogprob(token=token, logprob=value, bytes=token.encode(), text_offset=offset,
+                                top_logprobs=top)
+
+
+def text_deltas(index: int, finish_reason: str, logprobs: bool) -> list[llm_pb2.Delta]:
+    pieces = ["Hel", "lo", " wörld"]
+    return [*(llm_pb2.Delta(index=index, text=piece, logprobs=[logprob(piece, -0.5 * i, 3 * i, i)] if logprobs else [])
+              for i, piece in enumerate(pieces)),
+            llm_pb2.Delta(index=index, finish_reason=finish_reason)]
+
+
+CALLS = [
+    llm_pb2.Delta(tool_calls=[llm_pb2.ToolCallDelta(index=0, id="call_a", name="weather", arguments='{"city":')]),
+    llm_pb2.Delta(tool_calls=[llm_pb2.ToolCallDelta(index=0, arguments=' "Paris"}'),
+                              llm_pb2.ToolCallDelta(index=1, id="call_b", name="time", arguments="{}")]),
+    llm_pb2.Delta(finish_reason="tool_calls"),
+]
+TEXT_THEN_CALL = [llm_pb2.Delta(text="Let me look."), *CALLS]
+
+
+@dataclass
+class Generation:
+    """One generation's stream as the service sends it: how many choices, their deltas in order."""
+
+    name: str
+    choices: int
+    deltas: list[llm_pb2.Delta]
+
+
+GENERATIONS = [
+    Generation("text", 1, text_deltas(0, "stop", logprobs=False)),
+    Generation("length", 1, text_deltas(0, "length", logprobs=False)),
+    Generation("n=2", 2, [d for pair in zip(text_deltas(0, "stop", False), text_deltas(1, "length", False),
+                                            strict=True) for d in pair]),
+    Generation("empty", 1, [llm_pb2.Delta(finish_reason="stop")]),
+]
+WITH_LOGPROBS = [Generation("logprobs", 1, text_deltas(0, "stop", logprobs=True)),
+                 Generation("logprobs n=2", 2, [*text_deltas(0, "stop", True), *text_deltas(1, "length", True)])]
+WITH_CALLS = [Generation("calls", 1, CALLS), Generation("text then calls", 1, TEXT_THEN_CALL)]
+
+
+def collected(generation: Generation) -> list[Collected]:
+    choices = [Collected() for _ in range(generation.choices)]
+    for delta in generation.deltas:
+        choices[delta.index].add(delta)
+    return choices
+
+
+def framed(framing: Framing, generation: Generation) -> Iterator[bytes]:
+    """What the generation path writes for `generation` (a delta with content, then each finish)."""
+    yield from framing.start(llm_pb2.Accepted(prompt_tokens=USAGE.prompt_tokens, choices=generation.choices))
+    for delta in generation.deltas:
+        if delta.text or delta.logprobs or delta.tool_calls:
+            yield from framing.delta(delta)
+        if delta.finish_reason:
+            yield from framing.end(delta.index, delta.finish_reason)
+    yield from framing.finish(USAGE)
+
+
+def sse_payloads(events: Iterable[bytes]) -> list[tuple[str | None, Any]]:
+    """Each event's name and JSON, from the bytes as they go to the client."""
+    parsed = parse_events(b"".join(events).decode())
+    assert parsed, "no events"
+    return [(event.name, json.loads(event.data)) for event in parsed]
+
+
+def chat_cases() -> Iterator[Case]:
+    variants = [(g, False, False) for g in GENERATIONS] + [(g, True, False) for g in WITH_LOGPROBS] + \
+               [(g, False, legacy) for g in WITH_CALLS for legacy in (False, True)]
+    for generation, logprobs, legacy in variants:
+        shape = chat.ChatShape(logprobs, legacy_functions=legacy)
+        name = f"chat {generation.name}{' legacy functions' if legacy else ''}"
+        yield Case(f"{name}: response", chat.ChatCompletion, shape.response(HEAD, collected(generation), USAGE),
+                   "CreateChatCompletionResponse")
+        for include_usage in (False, True):
+            framing = ChunkFraming(shape, {**HEAD, "object": shape.object}, include_usage)
+            for i, (event, payload) in enumerate(sse_payloads(framed(framing, generation))):
+                assert event is None
+                yield Case(f"{name}{' include_usage' if include_usage else ''}: chunk {i}", chat.ChatCompletionChunk,
+                           payload, "CreateChatCompletionStreamResponse")
+
+
+def completion_cases() -> Iterator[Case]:
+    for generation, logprobs in [(g, False) for g in GENERATIONS] + [(g, True) for g in WITH_LOGPROBS]:
+        shape = completions.CompletionShape(logprobs)
+        name = f"completion {generation.name}"
+        yield Case(f"{name}: response", completions.Completion, shape.response(HEAD, collected(generation), USAGE),
+                   "CreateCompletionResponse")
+        for include_usage in (False, True):
+            framing = ChunkFraming(shape, {**HEAD, "object": shape.object}, include_usage)
+            for i, (event, payload) in enumerate(sse_payloads(framed(framing, generation))):
+                assert event is None
+                yield Case(f"{name}{' include_usage' if include_usage else ''}: chunk {i}", completions.Completion,
+                           payload, validate_completion_chunk)
+
+
+RESPONSE_REQUESTS = {
+    "plain": {"model": "m", "input": "hi"},
+    "everything": {"model": "m", "input": [{"role": "user", "content": "weather?"}], "instructions": "Be brief.",
+                   "max_output_tokens": 50, "temperature": 0.5, "top_p": 0.9, "store": False, "user": "u",
+                   "metadata": {"k": "v"}, "parallel_tool_calls": False, "tool_choice": "auto",
+                   "text": {"format": {"type": "json_object"}},
+                   "tools": [{"type": "function", "name": "weather", "parameters": {"type": "object"}}]},
+}
+
+
+def responses_cases() -> Iterator[Case]:
+    store = MemoryStore().space("responses", Limits(10, 60))
+    for request_name, request in RESPONSE_REQUESTS.items():
+        for generation in [*GENERATIONS[:2], GENERATIONS[3], *WITH_CALLS]:
+            name = f"response {request_name} {generation.name}"
+            body = responses.ResponseRequest.model_validate(request)
+            recorder = responses.ResponseRecorder(body, [], store)
+            head = {**HEAD, "object": recorder.object}
+            yield Case(f"{name}: response", responses.Response, recorder.response(head, collected(generation), USAGE),
+                       "Response")
+            for i, (event, payload) in enumerate(sse_payloads(framed(recorder.events(head), generation))):
+                assert event == payload["type"]
+                yield Case(f"{name}: event {i} {event}", responses.ResponseStreamEvent, payload, "ResponseStreamEvent")
+
+
+def embedding_cases() -> Iterator[Case]:
+    vectors = np.array([[0.25, -1.5, 3.0], [1e-8, 0.0, -2.75]], dtype="<f4")
+    answer = embed_pb2.EmbedResponse(model="e", embeddings=vectors.tobytes(), rows=2, dimensions=3,
+                                     usage=common_pb2.Usage(prompt_tokens=4, total_tokens=4))
+    floats = orjson.loads(embeddings.to_json(answer, "float"))
+    assert np.array_equal(np.array([item["embedding"] for item in floats["data"]], dtype="<f4"), vectors)
+    yield Case("embeddings float", embeddings.CreateEmbeddingResponse, floats, "CreateEmbeddingResponse")
+    encoded = orjson.loads(embeddings.to_json(answer, "base64"))
+    assert [np.frombuffer(base64.b64decode(item["embedding"]), "<f4").tolist() for item in encoded["data"]] == \
+        vectors.tolist()
+    yield Case("embeddings base64", embeddings.CreateEmbeddingResponse, encoded)  # OpenAI's schema: floats only
+
+
+def rerank_cases() -> Iterator[Case]:
+    answer = rerank_pb2.RerankResponse(model="r", results=[rerank_pb2.RerankResult(index=1, score=0.75),
+                                                           rerank_pb2.RerankResult(index=0, score=0.125)],
+                                       usage=common_pb2.Usage(prompt_tokens=9, total_tokens=9))
+    for documents in (False, True):
+        body = rerank.RerankRequest.model_validate({"model": "r", "query": "q", "documents": ["a", {"text": "b"}],
+                                                    "return_documents": documents})
+        yield Case(f"rerank documents={documents}", rerank.RerankResponse,
+                   orjson.loads(orjson.dumps(rerank.response(body, answer))))
+    for text in (False, True):
+        tei = rerank.TEIRerankRequest.model_validate({"query": "q", "texts": ["a", "b"], "return_text": text})
+        yield Case(f"rerank TEI return_text={text}", TypeAdapter(rerank.TEIRerankResponse),
+                   orjson.loads(orjson.dumps(rerank.tei_response(tei, answer))))
+
+
+def model_cases() -> Iterator[Case]:
+    cards = [common_pb2.ModelCard(id="llm", kind=common_pb2.MODEL_KIND_LLM, created=1, max_model_len=2048),
+             common_pb2.ModelCard(id="embed", kind=common_pb2.MODEL_KIND_EMBEDDING, created=2)]
+    yield Case("models list", models.ListModelsResponse, models.model_list(cards), "ListModelsResponse")
+    for card in cards:
+        yield Case(f"model {card.id}", models.Model, models.model_object(card), "Model")
+
+
+def tokenize_cases() -> Iterator[Case]:
+    yield Case("tokenize", tokenize.TokenizeResponse,
+               tokenize.tokenized(tokenizer_pb2.TokenizeResponse(tokens=[1, 2, 3], max_model_len=512)))
+    yield Case("detokenize", tokenize.DetokenizeResponse,
+               tokenize.detokenized(tokenizer_pb2.DetokenizeResponse(prompt="hi")))
+
+
+def _lines(body: bytes) -> list[Any]:
+    return [json.loads(line) for line in body.split(b"\n") if line]
+
+
+async def streamed(turn: interactive.Turn, generation: Generation, failure: Exception | None = None) -> list[Any]:
+    """The lines a streamed turn writes (through the endpoint's own `respond`), failing after the first
+    piece of text when told to."""
+
+    async def lines() -> AsyncIterator[bytes]:
+        for i, line in enumerate(framed(turn.lines(HEAD), generation)):
+            if failure is not None and i == 1:
+                raise failure
+            yield line
+
+    response = interactive.json_lines(turn)(lines(), 1.0)
+    return _lines(b"".join([chunk async for chunk in response.body_iterator]))
+
+
+async def interactive_cases() -> list[Case]:
+    sessions = interactive.Sessions(MemoryStore().space("sessions", Limits(10, 60)),
+                                    MemoryStore().space("cancels", Limits(10, 60)))
+    session = interactive.Session("m", [{"role": "user", "content": "before"}], tokens=3)
+
+    def turn(stream: bool) -> interactive.Turn:
+        body = interactive.InteractiveRequest.model_validate({"prompt": "hi", "session_id": 7, "stream": stream})
+        return interactive.Turn(body, 7, session, sessions, longest_s=1.0)
+
+    cancel = interactive.InteractiveRequest.model_validate({"prompt": "", "session_id": 7, "cancel": True})
+    cases = [Case("interactive cancel", interactive.InteractiveResponse, await interactive.cancel(cancel, sessions)),
+             Case("interactive end of session", interactive.InteractiveResponse,
+                  interactive.answer("", 7, history_tokens=3))]
+    for generation in GENERATIONS[:2]:
+        cases.append(Case(f"interactive {generation.name}: answer", interactive.InteractiveResponse,
+                          turn(False).response(HEAD, collected(generation), USAGE)))
+        for i, line in enumerate(await streamed(turn(True), generation)):
+            cases.append(Case(f"interactive {generation.name}: line {i}", interactive.InteractiveResponse, line))
+    failed = await streamed(turn(True), GENERATIONS[0], OpenAIError(503, "The llm service is unavailable."))
+    assert failed[-1]["finish_reason"] == "error"
+    cases += [Case(f"interactive failed stream: line {i}", interactive.InteractiveResponse, line)
+              for i, line in enumerate(failed)]
+    cancelled = turn(True)
+    cancelled.cancelled = True
+    cases += [Case("interactive cancelled stream", interactive.InteractiveResponse, line)
+              for line in await streamed(cancelled, GENERATIONS[0])]
+    return cases
+
+
+@pytest.fixture(scope="module")
+def cases() -> list[Case]:
+    return [*chat_cases(), *completion_cases(), *responses_cases(), *embedding_cases(), *rerank_cases(),
+            *model_cases(), *tokenize_cases(), *asyncio.run(interactive_cases())]
+
+
+def exactly(schema: type[BaseModel] | TypeAdapter[Any], payload: Any) -> Any:
+    """`payload` validated by `schema` in strict mode; it must also hold exactly the schema's fields (the
+    classes ignore extras, so the validated value, dumped, must give back the payload)."""
+    if isinstance(schema, TypeAdapter):
+        value = schema.validate_python(payload, strict=True)
+        dumped = schema.dump_python(value, mode="json", exclude_unset=True)
+    else:
+        value = schema.model_validate(payload, strict=True)
+        dumped = value.model_dump(mode="json", exclude_unset=True)
+    assert dumped == payload, f"fields the schema does not declare: {_difference(payload, dumped)}"
+    return value
+
+
+def _difference(payload: Any, dumped: Any, path: str = "") -> list[str]:
+    if isinstance(payload, dict) and isinstance(dumped, dict):
+        return [f"{path}.{key}" for key in payload.keys() - dumped.keys()] + [
+            d for key in payload.keys() & dumped.keys()
+            for d in _difference(payload[key], dumped[key], f"{path}.{key}")]
+    if isinstance(payload, list) and isinstance(dumped, list) and len(payload) == len(dumped):
+        return [d for i, (a, b) in enumerate(zip(payload, dumped, strict=True))
+                for d in _difference(a, b, f"{path}[{i}]")]
+    return [] if payload == dumped else [f"{path}: {payload!r} != {dumped!r}"]
+
+
+def models_in(value: Any) -> Iterator[BaseModel]:
+    """Every model instance inside a validated value."""
+    if isinstance(value, BaseModel):
+        yield value
+        for field in type(value).model_fields:
+            yield from models_in(getattr(value, field))
+        if hasattr(value, "root"):
+            yield from models_in(value.root)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from models_in(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from models_in(item)
+
+
+def response_models() -> set[type[BaseModel]]:
+    """Every ResponseModel subclass of every endpoint module."""
+    for module in pkgutil.iter_modules(edge.endpoints.__path__):
+        importlib.import_module(f"edge.endpoints.{module.name}")
+    found: set[type[BaseModel]] = set()
+    pending: list[type[BaseModel]] = [ResponseModel]
+    while pending:
+        for sub in pending.pop().__subclasses__():
+            if sub not in found:
+                found.add(sub)
+                pending.append(sub)
+    return found
+
+
+def test_every_builder_output_is_exactly_its_schema_and_openais(cases: list[Case]) -> None:
+    for case in cases:
+        try:
+            exactly(case.schema, case.payload)
+            if isinstance(case.openai, str):
+                validate(case.payload, case.openai)
+            elif case.openai is not None:
+                case.openai(case.payload)
+        except Exception as exc:
+            raise AssertionError(f"{case.name}: {exc}\n{json.dumps(case.payload, indent=1)[:3000]}") from exc
+
+
+def test_every_response_model_is_met_by_some_builder_output(cases: list[Case]) -> None:
+    met = {cls for case in cases for model in models_in(exactly(case.schema, case.payload))
+           for cls in type(model).__mro__}
+    unmet = sorted(cls.__qualname__ for cls in response_models() - met)
+    assert not unmet, f"schema classes that no builder output in this test meets: {unmet}"
+
+
+def test_the_check_refuses_an_extra_a_missing_or_a_mistyped_field() -> None:
+    choice = {"index": 0, "delta": {"content": "x"}, "logprobs": None, "finish_reason": None}
+    chunk = {**HEAD, "object": "chat.completion.chunk", "choices": [choice]}
+    exactly(chat.ChatCompletionChunk, chunk)
+    with pytest.raises(AssertionError, match="choices"):
+        exactly(chat.ChatCompletionChunk, {**chunk, "choices": [{**choice, "extra": 1}]})
+    with pytest.raises(ValueError, match="finish_reason"):
+        exactly(chat.ChatCompletionChunk, {**chunk, "choices": [{"index": 0, "delta": {}, "logprobs": None}]})
+    with pytest.raises(ValueError, match="created"):
+        exactly(chat.ChatCompletionChunk, {**chunk, "created": "1700000000"})
