@@ -48,7 +48,7 @@ class _Pending:
     request_id: str
     deadline: float  # time.monotonic()
     result: asyncio.Future[Any] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
-    submitted: float = field(default_factory=time.perf_counter)  # stage timings: its arrival here
+    submitted: float = 0.0  # stage timings: its arrival here (time.perf_counter)
     left: float = 0.0  # stage timings: when the batch call carrying it left (time.perf_counter)
 
 
@@ -83,7 +83,7 @@ class Coalescer:
     async def call(self, request: Any) -> Any:
         """The service's answer to `request` (an OpenAIError when it fails)."""
         model = request.model
-        pending = _Pending(request, REQUEST_ID.get(), time.monotonic() + self.timeout)
+        pending = _Pending(request, REQUEST_ID.get(), time.monotonic() + self.timeout, submitted=time.perf_counter())
         self._waiting[model].append(pending)
         if model not in self._scheduled:  # after this turn of the loop, with whatever else arrived in it
             self._scheduled.add(model)
