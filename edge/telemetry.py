@@ -21,6 +21,7 @@ and the histograms, written at the end, have all of them.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -66,6 +67,7 @@ STAGE_LATENCY = Histogram("tritongate_request_stage_seconds",
                           "has, by model.", ("model", "stage"),
                           buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
                                    1, 2.5, 5, 10, 30, 60, 300))
+_stage_series = functools.cache(STAGE_LATENCY.labels)  # (model, stage): a served model's, so bounded
 
 UNMATCHED = "unmatched"  # any path no route serves: one label value, however many paths clients try
 QUIET_ROUTES = frozenset({"/health", "/health/live", "/health/ready", "/v1/health/live", "/v1/health/ready",
@@ -205,9 +207,10 @@ def _finish(scope: Scope, exchange: Exchange, status: int, access_log_on: bool) 
         TOKENS.labels(model, "prompt").inc(exchange.prompt_tokens)
     if exchange.completion_tokens:
         TOKENS.labels(model, "completion").inc(exchange.completion_tokens)
-    for stage in STAGES:
-        if (spent := getattr(exchange, stage)) is not None:
-            STAGE_LATENCY.labels(model, stage).observe(spent)
+    for stage, spent in zip(STAGES, (exchange.hold, exchange.queue, exchange.tokenization, exchange.inference),
+                            strict=True):
+        if spent is not None:
+            _stage_series(model, stage).observe(spent)
     level = logging.DEBUG if route in QUIET_ROUTES else logging.INFO
     if not access_log_on or not access_log.isEnabledFor(level):
         return
