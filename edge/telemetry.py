@@ -11,7 +11,7 @@ the request's tasks: the service clients (edge/clients.py) record the model, the
 timings of every call they make, in one place; the coalescer its hold.
 
 Stages: `hold` (in the edge's coalescer, edge/coalesce.py, until the request's call left), then the
-service's `queue` (its batcher), `tokenization` and `inference`, as the service reports them
+service's `tokenization`, `queue` (its batcher) and `inference`, as the service reports them
 (`common.v1.Timings`); `ttft` (from arrival to the first generated delta) and `total` (from arrival to
 the response's headers, for a response complete by then). The `Server-Timing` header (W3C; browsers'
 developer tools show it) carries those known when the response starts: a stream's headers go out before
@@ -61,9 +61,12 @@ INTER_TOKEN = Histogram("tritongate_inter_token_latency_seconds",
                         ("model",), buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5))
 TOKENS = Counter("tritongate_tokens_total", "Tokens processed, by model and kind (prompt or completion).",
                  ("model", "kind"))
-STAGES = ("hold", "queue", "tokenization", "inference")  # in the order a request goes through them
+STAGES = ("hold", "tokenization", "queue", "inference")  # in the order a request goes through them
+TIMINGS = (*STAGES, "ttft", "total")  # what Server-Timing and the access log show, in this order
+# A JSON access line has every one's field, None when not measured (the total is `duration_ms`).
+_LOG_FIELDS = [f"{name}_ms" for name in TIMINGS[:-1]]
 STAGE_LATENCY = Histogram("tritongate_request_stage_seconds",
-                          "Time a request spent in each stage (hold, queue, tokenization, inference) that its path "
+                          "Time a request spent in each stage (hold, tokenization, queue, inference) that its path "
                           "has, by model.", ("model", "stage"),
                           buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
                                    1, 2.5, 5, 10, 30, 60, 300))
@@ -86,8 +89,8 @@ class Exchange:
     completion_tokens: int | None = None
     # Stages, in seconds; None for one the request's path does not have (or has not reached yet).
     hold: float | None = None
-    queue: float | None = None
     tokenization: float | None = None
+    queue: float | None = None
     inference: float | None = None
     ttft: float | None = None
 
@@ -107,15 +110,12 @@ class Exchange:
 
     def timings_ms(self, total: float | None) -> list[tuple[str, float]]:
         """(name, milliseconds) of the stages measured so far, then `ttft` and `total` when known."""
-        values = (self.hold, self.queue, self.tokenization, self.inference, self.ttft, total)
-        return [(name, value * 1000) for name, value in zip(TIMING_NAMES, values, strict=True) if value is not None]
-
-
-TIMING_NAMES = (*STAGES, "ttft", "total")
+        values = (self.hold, self.tokenization, self.queue, self.inference, self.ttft, total)
+        return [(name, value * 1000) for name, value in zip(TIMINGS, values, strict=True) if value is not None]
 
 
 def server_timing(timings: list[tuple[str, float]]) -> bytes:
-    """The `Server-Timing` header's value: `hold;dur=0.05, queue;dur=1.20, ...` (milliseconds)."""
+    """The `Server-Timing` header's value: `hold;dur=0.05, tokenization;dur=0.20, ...` (milliseconds)."""
     return ", ".join(f"{name};dur={ms:.2f}" for name, ms in timings).encode()
 
 
@@ -207,7 +207,7 @@ def _finish(scope: Scope, exchange: Exchange, status: int, access_log_on: bool) 
         TOKENS.labels(model, "prompt").inc(exchange.prompt_tokens)
     if exchange.completion_tokens:
         TOKENS.labels(model, "completion").inc(exchange.completion_tokens)
-    for stage, spent in zip(STAGES, (exchange.hold, exchange.queue, exchange.tokenization, exchange.inference),
+    for stage, spent in zip(STAGES, (exchange.hold, exchange.tokenization, exchange.queue, exchange.inference),
                             strict=True):
         if spent is not None:
             _stage_series(model, stage).observe(spent)
@@ -227,8 +227,6 @@ def _finish(scope: Scope, exchange: Exchange, status: int, access_log_on: bool) 
                    _or_dash(exchange.prompt_tokens), _or_dash(exchange.completion_tokens), fields["client"] or "-",
                    "".join(f" {name}={ms:.2f}ms" for name, ms in timings), extra=fields)
 
-
-_LOG_FIELDS = [f"{name}_ms" for name in (*STAGES, "ttft")]  # None in a JSON line when not measured
 
 
 def _or_dash(value: int | None) -> str:

@@ -18,7 +18,7 @@ from tests.support.ports import wait_until
 EMBEDDING = "all-minilm-l6-v2"
 RERANK = "minilm-rerank"
 CHAT = {"model": "ft-echo", "messages": [{"role": "user", "content": "one two three"}], "max_tokens": 5}
-ENCODER_STAGES = ["hold", "queue", "tokenization", "inference"]  # in the order a request goes through them
+ENCODER_STAGES = ["hold", "tokenization", "queue", "inference"]  # in the order a request goes through them
 
 
 def timings(response: httpx.Response) -> dict[str, float]:

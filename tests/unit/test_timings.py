@@ -255,11 +255,11 @@ def test_a_whole_response_carries_every_stage_and_the_total(caplog: pytest.LogCa
             caplog.at_level(logging.INFO, "tritongate.access"):
         response = client.get("/whole")
     timings = timing_header(response.headers["server-timing"])
-    assert list(timings) == ["hold", "queue", "tokenization", "inference", "total"]
+    assert list(timings) == ["hold", "tokenization", "queue", "inference", "total"]
     assert (timings["hold"], timings["queue"], timings["tokenization"], timings["inference"]) == (1, 2, 0.5, 4)
     assert timings["total"] >= 0
     (record,) = [r for r in caplog.records if r.name == "tritongate.access"]
-    assert record.getMessage().endswith(" hold=1.00ms queue=2.00ms tokenization=0.50ms inference=4.00ms")
+    assert record.getMessage().endswith(" hold=1.00ms tokenization=0.50ms queue=2.00ms inference=4.00ms")
     line = json.loads(formatter(json_lines=True).format(record))
     assert (line["hold_ms"], line["queue_ms"], line["tokenization_ms"], line["inference_ms"]) == (1, 2, 0.5, 4)
     assert line["ttft_ms"] is None
