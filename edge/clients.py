@@ -145,7 +145,9 @@ class EncoderClient(ServiceClient):
         failure, record its usage."""
         await self._route_and_label(request.model)
         response = await self.coalescer.call(request)
-        current().record_usage(response.usage)
+        exchange = current()
+        exchange.record_usage(response.usage)
+        exchange.record_timings(response.timings)
         return response
 
 
@@ -217,6 +219,7 @@ class Generation:
         first = await self._next()
         if first is None or first.WhichOneof("event") != "accepted":
             raise OpenAIError(500, f"The {self.client.service.name} service answered out of order; see its log.")
+        current().record_timings(first.timings)
         return first.accepted
 
     async def deltas(self) -> AsyncIterator[llm_pb2.Delta]:
@@ -227,6 +230,7 @@ class Generation:
             if message.WhichOneof("event") == "usage":
                 self.usage.CopyFrom(message.usage)
                 exchange.record_usage(message.usage, completion=True)
+                exchange.record_timings(message.timings)
             else:
                 timer.tick()
                 yield message.delta

@@ -29,6 +29,7 @@ from typing import Any
 import grpc
 
 from edge.errors import OpenAIError
+from edge.telemetry import current
 from tritongate.busy import ProcessBusy
 from tritongate.common.v1 import common_pb2
 from tritongate.logs import REQUEST_ID
@@ -47,6 +48,8 @@ class _Pending:
     request_id: str
     deadline: float  # time.monotonic()
     result: asyncio.Future[Any] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    submitted: float = 0.0  # stage timings: its arrival here (time.perf_counter)
+    left: float = 0.0  # stage timings: when the batch call carrying it left (time.perf_counter)
 
 
 @dataclass
@@ -80,7 +83,7 @@ class Coalescer:
     async def call(self, request: Any) -> Any:
         """The service's answer to `request` (an OpenAIError when it fails)."""
         model = request.model
-        pending = _Pending(request, REQUEST_ID.get(), time.monotonic() + self.timeout)
+        pending = _Pending(request, REQUEST_ID.get(), time.monotonic() + self.timeout, submitted=time.perf_counter())
         self._waiting[model].append(pending)
         if model not in self._scheduled:  # after this turn of the loop, with whatever else arrived in it
             self._scheduled.add(model)
@@ -95,6 +98,8 @@ class Coalescer:
             if not pending.result.done():
                 pending.result.cancel()
             self._drop_abandoned()
+        # Stage timings: the hold, until its batch call left, or now, when it makes its own call.
+        current().hold = (pending.left if outcome is not _ALONE else time.perf_counter()) - pending.submitted
         if outcome is not _ALONE:
             return outcome
         try:  # alone: its own unary call, from the caller's task (no task of its own)
@@ -145,6 +150,9 @@ class Coalescer:
                 task.cancel()
 
     async def _send(self, model: str, batch: list[_Pending]) -> None:
+        left = time.perf_counter()  # stage timings
+        for pending in batch:
+            pending.left = left
         try:
             outcomes = await self._batch(batch, time.monotonic())
         except grpc.aio.AioRpcError as exc:

@@ -7,7 +7,9 @@ Batcher), so many small requests cost Triton one call, and a large request is sp
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -18,7 +20,7 @@ import numpy as np
 from tritonclient.utils import triton_to_np_dtype
 
 from services.common.errors import ServiceError
-from services.common.metrics import BATCH_SIZE
+from services.common.metrics import BATCH_SIZE, Stages
 from services.common.server import ServedModel
 from services.common.tokenizer import load_tokenizer
 from services.common.triton import Triton
@@ -55,6 +57,7 @@ class _Waiting:
     rows: Sequence[Row]
     request_id: str
     result: asyncio.Future[np.ndarray] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    left: float = 0.0  # stage timings: when the Triton call with these rows started (time.perf_counter)
 
 
 class Batcher:
@@ -85,10 +88,12 @@ class Batcher:
         self._running: dict[asyncio.Task[None], list[_Waiting]] = {}  # Triton calls and whose rows they carry
         self._scheduled = False
 
-    async def submit(self, rows: Sequence[Row]) -> np.ndarray:
-        """The call's output rows for `rows`, in order (no rows: no call, and a (0, 0) array)."""
+    async def submit(self, rows: Sequence[Row], stages: Stages | None = None) -> np.ndarray:
+        """The call's output rows for `rows`, in order (no rows: no call, and a (0, 0) array); the time
+        they waited and the time of their call onto `stages`."""
         if not rows:
             return np.zeros((0, 0), dtype=np.float32)
+        submitted = time.perf_counter()  # stage timings
         # Equal parts (100 rows with batch size 64: 50 + 50, not 64 + 36), at least one per instance, so
         # that the instances share the work and finish together.
         count = max(math.ceil(len(rows) / self.batch_size), min(self.instances, len(rows)))
@@ -106,6 +111,9 @@ class Batcher:
             for part in parts:  # a cancelled caller's rows are skipped if they have not left yet
                 part.result.cancel()
             self._drop_abandoned()
+        if stages is not None:  # stage timings: queued until the last of its calls started, then inference
+            started = max(part.left for part in parts)
+            stages.queue, stages.inference = started - submitted, time.perf_counter() - started
         return results[0] if len(results) == 1 else np.concatenate(results)
 
     def _dispatch(self) -> None:
@@ -140,6 +148,9 @@ class Batcher:
         REQUEST_ID.set(",".join(ids)[:MAX_BATCH_IDS] or NO_REQUEST)  # this task's own context
         rows = [row for waiting in batch for row in waiting.rows]
         BATCH_SIZE.labels(self.model).observe(len(rows))
+        started = time.perf_counter()  # stage timings
+        for waiting in batch:
+            waiting.left = started
         try:
             output = await self.call(rows)
         except Exception as exc:
@@ -214,15 +225,21 @@ class EncoderModel(ServedModel):
         """Tokenize the requests of a batch RPC together (services/common/batch.py)."""
         raise NotImplementedError
 
-    async def serve(self, request: Any, timeout: float | None, encoded: Any = None) -> Any:
-        """The answer to one request (`encoded`: its tokens from `encode_many`, when tokenized already)."""
+    async def serve(self, request: Any, timeout: float | None, encoded: Any = None, stages: Stages | None = None
+                    ) -> Any:
+        """The answer to one request (`encoded`: its tokens from `encode_many`, when tokenized already, in
+        the time `stages` holds), with where its time went."""
         raise NotImplementedError
 
     async def serve_many(self, requests: Sequence[Any], timeout: float | None) -> list[Any]:
         """The answers to the requests of a batch RPC (each an answer or its own exception), tokenized
-        together, then served concurrently; their rows merge in the batcher."""
-        return await asyncio.gather(*(self.serve(request, timeout, encoded) for request, encoded
-                                      in zip(requests, self.encode_many(requests), strict=True)),
+        together (each one's tokenization is that call's time), then served concurrently; their rows merge
+        in the batcher."""
+        together = Stages()
+        with together.tokenizing():
+            encoded = self.encode_many(requests)
+        return await asyncio.gather(*(self.serve(request, timeout, each, dataclasses.replace(together))
+                                      for request, each in zip(requests, encoded, strict=True)),
                                     return_exceptions=True)
 
     def check_token_ids(self, rows: Sequence[Sequence[int]], param: str) -> None:
@@ -256,13 +273,14 @@ class EncoderModel(ServedModel):
                                          request_id=REQUEST_ID.get())  # the batch's ids (see Batcher)
         return self.post(result[self.output_name], mask)
 
-    async def run(self, rows: Sequence[Row], timeout: float | None) -> np.ndarray:
-        """Infer all rows (through the batcher); returns post-processed outputs in the rows' order."""
+    async def run(self, rows: Sequence[Row], timeout: float | None, stages: Stages | None = None) -> np.ndarray:
+        """Infer all rows (through the batcher); returns post-processed outputs in the rows' order (their
+        queue and inference time onto `stages`)."""
         await self.ensure_ready()
         order = np.argsort([len(row.input_ids) for row in rows], kind="stable")  # neighbours pad alike
         try:
             async with asyncio.timeout(timeout):  # no task of its own, unlike wait_for
-                by_length = await self.batcher.submit([rows[i] for i in order])
+                by_length = await self.batcher.submit([rows[i] for i in order], stages)
         except TimeoutError:
             raise ServiceError(grpc.StatusCode.DEADLINE_EXCEEDED,
                                f"model `{self.name}` did not answer within the deadline") from None

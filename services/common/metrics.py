@@ -5,7 +5,11 @@ The interceptor is THE one place a service reads the request id: it takes it fro
 handler's log lines and Triton calls; everything else reads `REQUEST_ID.get()`. It also counts RPCs
 started, handled (by status code), in flight, and their latency, under the names go-grpc-prometheus
 made common. Triton calls, each model's Triton endpoints and encoder batches are measured too. Served over
-HTTP on TRITONGATE_METRICS_PORT (`--metrics-port`; 0 = off)."""
+HTTP on TRITONGATE_METRICS_PORT (`--metrics-port`; 0 = off).
+
+Where each request's time went (`Stages`: queue, tokenization, inference) travels back to the edge in the
+answer (`common.v1.Timings`), which shows it to the client, logs it and exports it per stage: the edge
+sees every stage of a request, its own included, so the services export no histogram of their own."""
 
 from __future__ import annotations
 
@@ -14,12 +18,14 @@ import functools
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 from services.common.interceptors import around, kind_of, method_of
+from tritongate.common.v1 import common_pb2
 from tritongate.logs import NO_REQUEST, bind_request_id, sane_request_id
 from tritongate.wire import REQUEST_ID_KEY
 
@@ -126,6 +132,27 @@ def triton_call(model: str) -> Iterator[None]:
         raise
     finally:
         TRITON_LATENCY.labels(model, outcome).observe(time.perf_counter() - start)
+
+
+@dataclass(slots=True)
+class Stages:
+    """Where one request's time went in this service, in seconds (None: a stage its path does not have)."""
+
+    queue: float | None = None  # in the encoder batcher, until the last Triton call with its rows started
+    tokenization: float | None = None
+    inference: float | None = None  # the model: that Triton call, or a generation's streams
+
+    @contextmanager
+    def tokenizing(self) -> Iterator[None]:
+        """Adds the block's time to `tokenization` (a request may be tokenized in several steps)."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.tokenization = (self.tokenization or 0.0) + time.perf_counter() - start
+
+    def proto(self) -> common_pb2.Timings:
+        return common_pb2.Timings(queue_s=self.queue, tokenization_s=self.tokenization, inference_s=self.inference)
 
 
 def handled_by_code() -> dict[str, int]:

@@ -10,6 +10,7 @@ import numpy as np
 
 from services.common.encoder import EncoderModel, Row
 from services.common.errors import ServiceError, invalid_argument
+from services.common.metrics import Stages
 from services.common.tokenizer import text_encoder
 from services.common.triton import Triton
 from tritongate.common.v1 import common_pb2
@@ -106,8 +107,8 @@ class Embedder(EncoderModel):
                                    f"{self.dimensions}", "dimensions")
         return rows
 
-    def answer(self, request: embed_pb2.EmbedRequest, rows: list[list[int]], vectors: np.ndarray
-               ) -> embed_pb2.EmbedResponse:
+    def answer(self, request: embed_pb2.EmbedRequest, rows: list[list[int]], vectors: np.ndarray,
+               stages: Stages | None = None) -> embed_pb2.EmbedResponse:
         """The EmbedResponse from the model's vectors for `rows`: cut to `dimensions`, normalised."""
         if request.dimensions:
             vectors = vectors[:, : request.dimensions]
@@ -120,36 +121,42 @@ class Embedder(EncoderModel):
             rows=vectors.shape[0],
             dimensions=vectors.shape[1],
             usage=common_pb2.Usage(prompt_tokens=tokens, total_tokens=tokens),
+            timings=stages.proto() if stages is not None else None,
         )
 
     async def serve(self, request: embed_pb2.EmbedRequest, timeout: float | None,
-                    encoded: list[list[int]] | None = None) -> embed_pb2.EmbedResponse:
-        rows = self.rows(request, encoded)
+                    encoded: list[list[int]] | None = None, stages: Stages | None = None) -> embed_pb2.EmbedResponse:
+        stages = stages or Stages()
+        with stages.tokenizing():
+            rows = self.rows(request, encoded)
         await self.ensure_ready()
-        return self.answer(request, rows, await self.run([Row(ids) for ids in rows], timeout))
+        return self.answer(request, rows, await self.run([Row(ids) for ids in rows], timeout, stages), stages)
 
     async def serve_many(self, requests: Sequence[embed_pb2.EmbedRequest], timeout: float | None
                          ) -> list[embed_pb2.EmbedResponse | ServiceError]:
         """The requests of a batch RPC, as one: tokenized in one call, their rows in one submission to
-        the batcher, each request's answer (or its own error) cut from the vectors."""
+        the batcher, each request's answer (or its own error) cut from the vectors; their stages are
+        those of the whole."""
         answers: list[embed_pb2.EmbedResponse | ServiceError] = []
         accepted: list[tuple[int, list[list[int]]]] = []  # (position, rows)
-        for position, (request, encoded) in enumerate(zip(requests, self.encode_many(requests), strict=True)):
-            try:
-                accepted.append((position, self.rows(request, encoded)))
-                answers.append(_PENDING)
-            except ServiceError as exc:
-                answers.append(exc)
+        stages = Stages()
+        with stages.tokenizing():
+            for position, (request, encoded) in enumerate(zip(requests, self.encode_many(requests), strict=True)):
+                try:
+                    accepted.append((position, self.rows(request, encoded)))
+                    answers.append(_PENDING)
+                except ServiceError as exc:
+                    answers.append(exc)
         if not accepted:
             return answers
         try:
             await self.ensure_ready()
-            vectors = await self.run([Row(ids) for _, rows in accepted for ids in rows], timeout)
+            vectors = await self.run([Row(ids) for _, rows in accepted for ids in rows], timeout, stages)
         except ServiceError as exc:
             return [exc if answer is _PENDING else answer for answer in answers]
         start = 0
         for position, rows in accepted:
-            answers[position] = self.answer(requests[position], rows, vectors[start:start + len(rows)])
+            answers[position] = self.answer(requests[position], rows, vectors[start:start + len(rows)], stages)
             start += len(rows)
         return answers
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -14,6 +15,7 @@ import grpc
 from google.protobuf import json_format, struct_pb2
 
 from services.common.errors import ServiceError, invalid_argument
+from services.common.metrics import Stages
 from services.common.server import ServedModel
 from services.common.tokenizer import load_tokenizer
 from services.common.triton import Triton
@@ -174,8 +176,11 @@ class LanguageModel(ServedModel):
 
     async def generate(self, request: llm_pb2.GenerateRequest, timeout: float | None
                        ) -> AsyncIterator[llm_pb2.GenerateResponse]:
-        """Accepted, then the deltas of all completions as they come, then the usage."""
-        prompts = self.prompts(request)
+        """Accepted, then the deltas of all completions as they come, then the usage; the first and the
+        last with where the request's time went."""
+        stages = Stages()
+        with stages.tokenizing():  # the chat template too
+            prompts = self.prompts(request)
         n = check_request(request, self.policy, len(prompts.ids))
         await self.ensure_ready()  # the backend and its knobs are known from here on
         base, stops = sampling(request, self.policy)
@@ -198,11 +203,13 @@ class LanguageModel(ServedModel):
                 streams.append(self._run(completion, ids, text, choice, timeout, parser, guide_param))
         log.debug("%d prompt tokens, %d choices", prompts.tokens, len(completions))
         yield llm_pb2.GenerateResponse(accepted=llm_pb2.Accepted(prompt_tokens=prompts.tokens,
-                                                                 choices=len(completions)))
+                                                                 choices=len(completions)), timings=stages.proto())
+        start = time.perf_counter()
         async for batch in merge(streams):
             for delta in coalesce(batch):
                 yield llm_pb2.GenerateResponse(delta=delta)
-        yield llm_pb2.GenerateResponse(usage=usage(prompts, completions, n))
+        stages.inference = time.perf_counter() - start
+        yield llm_pb2.GenerateResponse(usage=usage(prompts, completions, n), timings=stages.proto())
 
     async def _run(self, completion: Completion, prompt: Sequence[int], text: str, sampling: Sampling,
                    timeout: float | None, parser: ToolCallParser | None = None, guide_param: str = ""

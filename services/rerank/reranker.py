@@ -9,6 +9,7 @@ import numpy as np
 
 from services.common.encoder import EncoderModel, Row
 from services.common.errors import invalid_argument
+from services.common.metrics import Stages
 from services.common.triton import Triton
 from tritongate.common.v1 import common_pb2
 from tritongate.config import RerankModel
@@ -95,11 +96,13 @@ class Reranker(EncoderModel):
         return rows
 
     async def serve(self, request: rerank_pb2.RerankRequest, timeout: float | None,
-                    encoded: Encoded | None = None) -> rerank_pb2.RerankResponse:
+                    encoded: Encoded | None = None, stages: Stages | None = None) -> rerank_pb2.RerankResponse:
         if not request.documents:  # nothing to score (the edge refuses this for its clients)
             return rerank_pb2.RerankResponse(model=self.name, usage=common_pb2.Usage())
-        rows = self.tokenize(request, encoded)
-        logits = await self.run(rows, timeout)
+        stages = stages or Stages()
+        with stages.tokenizing():
+            rows = self.tokenize(request, encoded)
+        logits = await self.run(rows, timeout, stages)
         values = logits.reshape(len(rows), -1)[:, 0] if request.raw_scores else scores(
             logits, self.entry.output_config.process)
         order = sorted(range(len(values)), key=lambda i: (-values[i], i))
@@ -110,4 +113,5 @@ class Reranker(EncoderModel):
             model=self.name,
             results=[rerank_pb2.RerankResult(index=i, score=float(values[i])) for i in order],
             usage=common_pb2.Usage(prompt_tokens=tokens, total_tokens=tokens),
+            timings=stages.proto(),
         )

@@ -63,7 +63,8 @@ def test_the_dashboard_covers_what_operators_watch() -> None:
     for series in ("http_requests_total", "http_request_duration_seconds_bucket",
                    "tritongate_time_to_first_token_seconds_bucket", "tritongate_tokens_total",
                    "http_requests_in_progress", "grpc_server_in_flight",
-                   "tritongate_triton_request_duration_seconds_bucket", "tritongate_batch_size_bucket"):
+                   "tritongate_triton_request_duration_seconds_bucket", "tritongate_batch_size_bucket",
+                   "tritongate_request_stage_seconds_bucket"):
         assert series in used, series
     assert any('status="429"' in expr for _, expr in queries())
 

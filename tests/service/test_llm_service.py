@@ -100,7 +100,7 @@ async def test_accepted_then_deltas_then_usage(stub: llm_pb2_grpc.LlmServiceStub
     assert deltas[-1].finish_reason == "length" and not any(d.finish_reason for d in deltas[:-1])
     assert messages[-1].usage == common_pb2.Usage(prompt_tokens=6, completion_tokens=8, total_tokens=14)
     fast = await responses(stub, completion("ft-echo", prompt, max_tokens=len(prompt) + 2))
-    assert texts(fast) == texts(messages) and fast[-1] == messages[-1]
+    assert texts(fast) == texts(messages) and fast[-1].usage == messages[-1].usage  # timings differ
 
 
 async def test_list_models(stub: llm_pb2_grpc.LlmServiceStub) -> None:

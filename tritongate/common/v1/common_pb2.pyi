@@ -245,3 +245,52 @@ class ItemError(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ItemError: _TypeAlias = ItemError  # noqa: Y015
+
+@_typing.final
+class Timings(_message.Message):
+    """Where a request's time went in the service that served it, in seconds. A stage the request's path does
+    not have (no batcher in front of an LLM) is unset; the edge adds its own stages and the total.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    QUEUE_S_FIELD_NUMBER: _builtins.int
+    TOKENIZATION_S_FIELD_NUMBER: _builtins.int
+    INFERENCE_S_FIELD_NUMBER: _builtins.int
+    queue_s: _builtins.float
+    """Waiting in the service's batcher, from the request's submission until the last Triton call carrying
+    its rows started (embed, rerank).
+    """
+    tokenization_s: _builtins.float
+    """Turning the request's text into token ids: the tokenizer calls, and for a chat its template. A batch
+    RPC's items tokenized in one call each count that call.
+    """
+    inference_s: _builtins.float
+    """The model: from the start of the last Triton call carrying the request's rows to its answer (embed,
+    rerank); a generation from the start of its Triton streams to their end (llm).
+    """
+    def __init__(
+        self,
+        *,
+        queue_s: _builtins.float | None = ...,
+        tokenization_s: _builtins.float | None = ...,
+        inference_s: _builtins.float | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_inference_s", b"_inference_s", "_queue_s", b"_queue_s", "_tokenization_s", b"_tokenization_s", "inference_s", b"inference_s", "queue_s", b"queue_s", "tokenization_s", b"tokenization_s"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_inference_s", b"_inference_s", "_queue_s", b"_queue_s", "_tokenization_s", b"_tokenization_s", "inference_s", b"inference_s", "queue_s", b"queue_s", "tokenization_s", b"tokenization_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__inference_s: _TypeAlias = _typing.Literal["inference_s"]  # noqa: Y015
+    _WhichOneofArgType__inference_s: _TypeAlias = _typing.Literal["_inference_s", b"_inference_s"]  # noqa: Y015
+    _WhichOneofReturnType__queue_s: _TypeAlias = _typing.Literal["queue_s"]  # noqa: Y015
+    _WhichOneofArgType__queue_s: _TypeAlias = _typing.Literal["_queue_s", b"_queue_s"]  # noqa: Y015
+    _WhichOneofReturnType__tokenization_s: _TypeAlias = _typing.Literal["tokenization_s"]  # noqa: Y015
+    _WhichOneofArgType__tokenization_s: _TypeAlias = _typing.Literal["_tokenization_s", b"_tokenization_s"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__inference_s) -> _WhichOneofReturnType__inference_s | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__queue_s) -> _WhichOneofReturnType__queue_s | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__tokenization_s) -> _WhichOneofReturnType__tokenization_s | None: ...
+
+Global___Timings: _TypeAlias = Timings  # noqa: Y015

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from tritongate.common.v1 import common_pb2 as tritongate_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ftritongate/embed/v1/embed.proto\x12\x13tritongate.embed.v1\x1a!tritongate/common/v1/common.proto\"\x1a\n\tTextBatch\x12\r\n\x05texts\x18\x01 \x03(\t\"<\n\nTokenBatch\x12.\n\x06inputs\x18\x01 \x03(\x0b\x32\x1e.tritongate.common.v1.TokenIds\"\x9e\x01\n\x0c\x45mbedRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12/\n\x05texts\x18\x02 \x01(\x0b\x32\x1e.tritongate.embed.v1.TextBatchH\x00\x12\x31\n\x06tokens\x18\x03 \x01(\x0b\x32\x1f.tritongate.embed.v1.TokenBatchH\x00\x12\x12\n\ndimensions\x18\x04 \x01(\rB\x07\n\x05input\"\x80\x01\n\rEmbedResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x12\n\nembeddings\x18\x02 \x01(\x0c\x12\x0c\n\x04rows\x18\x03 \x01(\r\x12\x12\n\ndimensions\x18\x04 \x01(\r\x12*\n\x05usage\x18\x05 \x01(\x0b\x32\x1b.tritongate.common.v1.Usage\"x\n\x0e\x45mbedBatchItem\x12\x32\n\x07request\x18\x01 \x01(\x0b\x32!.tritongate.embed.v1.EmbedRequest\x12\x32\n\x07\x63ontext\x18\x02 \x01(\x0b\x32!.tritongate.common.v1.ItemContext\"G\n\x11\x45mbedBatchRequest\x12\x32\n\x05items\x18\x01 \x03(\x0b\x32#.tritongate.embed.v1.EmbedBatchItem\"\x87\x01\n\x10\x45mbedBatchResult\x12\x36\n\x08response\x18\x01 \x01(\x0b\x32\".tritongate.embed.v1.EmbedResponseH\x00\x12\x30\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x1f.tritongate.common.v1.ItemErrorH\x00\x42\t\n\x07outcome\"L\n\x12\x45mbedBatchResponse\x12\x36\n\x07results\x18\x01 \x03(\x0b\x32%.tritongate.embed.v1.EmbedBatchResult2\x9e\x02\n\x0c\x45mbedService\x12N\n\x05\x45mbed\x12!.tritongate.embed.v1.EmbedRequest\x1a\".tritongate.embed.v1.EmbedResponse\x12]\n\nEmbedBatch\x12&.tritongate.embed.v1.EmbedBatchRequest\x1a\'.tritongate.embed.v1.EmbedBatchResponse\x12_\n\nListModels\x12\'.tritongate.common.v1.ListModelsRequest\x1a(.tritongate.common.v1.ListModelsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ftritongate/embed/v1/embed.proto\x12\x13tritongate.embed.v1\x1a!tritongate/common/v1/common.proto\"\x1a\n\tTextBatch\x12\r\n\x05texts\x18\x01 \x03(\t\"<\n\nTokenBatch\x12.\n\x06inputs\x18\x01 \x03(\x0b\x32\x1e.tritongate.common.v1.TokenIds\"\x9e\x01\n\x0c\x45mbedRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12/\n\x05texts\x18\x02 \x01(\x0b\x32\x1e.tritongate.embed.v1.TextBatchH\x00\x12\x31\n\x06tokens\x18\x03 \x01(\x0b\x32\x1f.tritongate.embed.v1.TokenBatchH\x00\x12\x12\n\ndimensions\x18\x04 \x01(\rB\x07\n\x05input\"\xb0\x01\n\rEmbedResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x12\n\nembeddings\x18\x02 \x01(\x0c\x12\x0c\n\x04rows\x18\x03 \x01(\r\x12\x12\n\ndimensions\x18\x04 \x01(\r\x12*\n\x05usage\x18\x05 \x01(\x0b\x32\x1b.tritongate.common.v1.Usage\x12.\n\x07timings\x18\x06 \x01(\x0b\x32\x1d.tritongate.common.v1.Timings\"x\n\x0e\x45mbedBatchItem\x12\x32\n\x07request\x18\x01 \x01(\x0b\x32!.tritongate.embed.v1.EmbedRequest\x12\x32\n\x07\x63ontext\x18\x02 \x01(\x0b\x32!.tritongate.common.v1.ItemContext\"G\n\x11\x45mbedBatchRequest\x12\x32\n\x05items\x18\x01 \x03(\x0b\x32#.tritongate.embed.v1.EmbedBatchItem\"\x87\x01\n\x10\x45mbedBatchResult\x12\x36\n\x08response\x18\x01 \x01(\x0b\x32\".tritongate.embed.v1.EmbedResponseH\x00\x12\x30\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x1f.tritongate.common.v1.ItemErrorH\x00\x42\t\n\x07outcome\"L\n\x12\x45mbedBatchResponse\x12\x36\n\x07results\x18\x01 \x03(\x0b\x32%.tritongate.embed.v1.EmbedBatchResult2\x9e\x02\n\x0c\x45mbedService\x12N\n\x05\x45mbed\x12!.tritongate.embed.v1.EmbedRequest\x1a\".tritongate.embed.v1.EmbedResponse\x12]\n\nEmbedBatch\x12&.tritongate.embed.v1.EmbedBatchRequest\x1a\'.tritongate.embed.v1.EmbedBatchResponse\x12_\n\nListModels\x12\'.tritongate.common.v1.ListModelsRequest\x1a(.tritongate.common.v1.ListModelsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,15 +39,15 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_EMBEDREQUEST']._serialized_start=182
   _globals['_EMBEDREQUEST']._serialized_end=340
   _globals['_EMBEDRESPONSE']._serialized_start=343
-  _globals['_EMBEDRESPONSE']._serialized_end=471
-  _globals['_EMBEDBATCHITEM']._serialized_start=473
-  _globals['_EMBEDBATCHITEM']._serialized_end=593
-  _globals['_EMBEDBATCHREQUEST']._serialized_start=595
-  _globals['_EMBEDBATCHREQUEST']._serialized_end=666
-  _globals['_EMBEDBATCHRESULT']._serialized_start=669
-  _globals['_EMBEDBATCHRESULT']._serialized_end=804
-  _globals['_EMBEDBATCHRESPONSE']._serialized_start=806
-  _globals['_EMBEDBATCHRESPONSE']._serialized_end=882
-  _globals['_EMBEDSERVICE']._serialized_start=885
-  _globals['_EMBEDSERVICE']._serialized_end=1171
+  _globals['_EMBEDRESPONSE']._serialized_end=519
+  _globals['_EMBEDBATCHITEM']._serialized_start=521
+  _globals['_EMBEDBATCHITEM']._serialized_end=641
+  _globals['_EMBEDBATCHREQUEST']._serialized_start=643
+  _globals['_EMBEDBATCHREQUEST']._serialized_end=714
+  _globals['_EMBEDBATCHRESULT']._serialized_start=717
+  _globals['_EMBEDBATCHRESULT']._serialized_end=852
+  _globals['_EMBEDBATCHRESPONSE']._serialized_start=854
+  _globals['_EMBEDBATCHRESPONSE']._serialized_end=930
+  _globals['_EMBEDSERVICE']._serialized_start=933
+  _globals['_EMBEDSERVICE']._serialized_end=1219
 # @@protoc_insertion_point(module_scope)

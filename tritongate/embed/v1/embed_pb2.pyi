@@ -114,6 +114,7 @@ class EmbedResponse(_message.Message):
     ROWS_FIELD_NUMBER: _builtins.int
     DIMENSIONS_FIELD_NUMBER: _builtins.int
     USAGE_FIELD_NUMBER: _builtins.int
+    TIMINGS_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     """Public model id that served the request."""
     embeddings: _builtins.bytes
@@ -126,6 +127,10 @@ class EmbedResponse(_message.Message):
     def usage(self) -> _common_pb2.Usage:
         """Tokens read (after truncation)."""
 
+    @_builtins.property
+    def timings(self) -> _common_pb2.Timings:
+        """Where the request's time went in the service."""
+
     def __init__(
         self,
         *,
@@ -134,10 +139,11 @@ class EmbedResponse(_message.Message):
         rows: _builtins.int = ...,
         dimensions: _builtins.int = ...,
         usage: _common_pb2.Usage | None = ...,
+        timings: _common_pb2.Timings | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["usage", b"usage"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["timings", b"timings", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dimensions", b"dimensions", "embeddings", b"embeddings", "model", b"model", "rows", b"rows", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dimensions", b"dimensions", "embeddings", b"embeddings", "model", b"model", "rows", b"rows", "timings", b"timings", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -660,6 +660,7 @@ class GenerateResponse(_message.Message):
     ACCEPTED_FIELD_NUMBER: _builtins.int
     DELTA_FIELD_NUMBER: _builtins.int
     USAGE_FIELD_NUMBER: _builtins.int
+    TIMINGS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def accepted(self) -> Global___Accepted:
         """First message: the request was accepted."""
@@ -672,16 +673,23 @@ class GenerateResponse(_message.Message):
     def usage(self) -> _common_pb2.Usage:
         """Last message: token accounting over all completions."""
 
+    @_builtins.property
+    def timings(self) -> _common_pb2.Timings:
+        """Where the request's time went in the service, on the first message (`accepted`: tokenization) and
+        on the last (`usage`: tokenization and inference); unset on the others.
+        """
+
     def __init__(
         self,
         *,
         accepted: Global___Accepted | None = ...,
         delta: Global___Delta | None = ...,
         usage: _common_pb2.Usage | None = ...,
+        timings: _common_pb2.Timings | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "delta", b"delta", "event", b"event", "usage", b"usage"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "delta", b"delta", "event", b"event", "timings", b"timings", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "delta", b"delta", "event", b"event", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "delta", b"delta", "event", b"event", "timings", b"timings", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["accepted", "delta", "usage"]  # noqa: Y015
     _WhichOneofArgType_event: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015

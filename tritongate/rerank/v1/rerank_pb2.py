@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from tritongate.common.v1 import common_pb2 as tritongate_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!tritongate/rerank/v1/rerank.proto\x12\x14tritongate.rerank.v1\x1a!tritongate/common/v1/common.proto\"\x87\x01\n\rRerankRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\r\n\x05query\x18\x02 \x01(\t\x12\x11\n\tdocuments\x18\x03 \x03(\t\x12\r\n\x05top_n\x18\x04 \x01(\r\x12\x12\n\nraw_scores\x18\x05 \x01(\x08\x12\x15\n\x08truncate\x18\x06 \x01(\x08H\x00\x88\x01\x01\x42\x0b\n\t_truncate\",\n\x0cRerankResult\x12\r\n\x05index\x18\x01 \x01(\r\x12\r\n\x05score\x18\x02 \x01(\x02\"\x80\x01\n\x0eRerankResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x33\n\x07results\x18\x02 \x03(\x0b\x32\".tritongate.rerank.v1.RerankResult\x12*\n\x05usage\x18\x03 \x01(\x0b\x32\x1b.tritongate.common.v1.Usage\"{\n\x0fRerankBatchItem\x12\x34\n\x07request\x18\x01 \x01(\x0b\x32#.tritongate.rerank.v1.RerankRequest\x12\x32\n\x07\x63ontext\x18\x02 \x01(\x0b\x32!.tritongate.common.v1.ItemContext\"J\n\x12RerankBatchRequest\x12\x34\n\x05items\x18\x01 \x03(\x0b\x32%.tritongate.rerank.v1.RerankBatchItem\"\x8a\x01\n\x11RerankBatchResult\x12\x38\n\x08response\x18\x01 \x01(\x0b\x32$.tritongate.rerank.v1.RerankResponseH\x00\x12\x30\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x1f.tritongate.common.v1.ItemErrorH\x00\x42\t\n\x07outcome\"O\n\x13RerankBatchResponse\x12\x38\n\x07results\x18\x01 \x03(\x0b\x32\'.tritongate.rerank.v1.RerankBatchResult2\xa9\x02\n\rRerankService\x12S\n\x06Rerank\x12#.tritongate.rerank.v1.RerankRequest\x1a$.tritongate.rerank.v1.RerankResponse\x12\x62\n\x0bRerankBatch\x12(.tritongate.rerank.v1.RerankBatchRequest\x1a).tritongate.rerank.v1.RerankBatchResponse\x12_\n\nListModels\x12\'.tritongate.common.v1.ListModelsRequest\x1a(.tritongate.common.v1.ListModelsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!tritongate/rerank/v1/rerank.proto\x12\x14tritongate.rerank.v1\x1a!tritongate/common/v1/common.proto\"\x87\x01\n\rRerankRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\r\n\x05query\x18\x02 \x01(\t\x12\x11\n\tdocuments\x18\x03 \x03(\t\x12\r\n\x05top_n\x18\x04 \x01(\r\x12\x12\n\nraw_scores\x18\x05 \x01(\x08\x12\x15\n\x08truncate\x18\x06 \x01(\x08H\x00\x88\x01\x01\x42\x0b\n\t_truncate\",\n\x0cRerankResult\x12\r\n\x05index\x18\x01 \x01(\r\x12\r\n\x05score\x18\x02 \x01(\x02\"\xb0\x01\n\x0eRerankResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x33\n\x07results\x18\x02 \x03(\x0b\x32\".tritongate.rerank.v1.RerankResult\x12*\n\x05usage\x18\x03 \x01(\x0b\x32\x1b.tritongate.common.v1.Usage\x12.\n\x07timings\x18\x04 \x01(\x0b\x32\x1d.tritongate.common.v1.Timings\"{\n\x0fRerankBatchItem\x12\x34\n\x07request\x18\x01 \x01(\x0b\x32#.tritongate.rerank.v1.RerankRequest\x12\x32\n\x07\x63ontext\x18\x02 \x01(\x0b\x32!.tritongate.common.v1.ItemContext\"J\n\x12RerankBatchRequest\x12\x34\n\x05items\x18\x01 \x03(\x0b\x32%.tritongate.rerank.v1.RerankBatchItem\"\x8a\x01\n\x11RerankBatchResult\x12\x38\n\x08response\x18\x01 \x01(\x0b\x32$.tritongate.rerank.v1.RerankResponseH\x00\x12\x30\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x1f.tritongate.common.v1.ItemErrorH\x00\x42\t\n\x07outcome\"O\n\x13RerankBatchResponse\x12\x38\n\x07results\x18\x01 \x03(\x0b\x32\'.tritongate.rerank.v1.RerankBatchResult2\xa9\x02\n\rRerankService\x12S\n\x06Rerank\x12#.tritongate.rerank.v1.RerankRequest\x1a$.tritongate.rerank.v1.RerankResponse\x12\x62\n\x0bRerankBatch\x12(.tritongate.rerank.v1.RerankBatchRequest\x1a).tritongate.rerank.v1.RerankBatchResponse\x12_\n\nListModels\x12\'.tritongate.common.v1.ListModelsRequest\x1a(.tritongate.common.v1.ListModelsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,15 +37,15 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RERANKRESULT']._serialized_start=232
   _globals['_RERANKRESULT']._serialized_end=276
   _globals['_RERANKRESPONSE']._serialized_start=279
-  _globals['_RERANKRESPONSE']._serialized_end=407
-  _globals['_RERANKBATCHITEM']._serialized_start=409
-  _globals['_RERANKBATCHITEM']._serialized_end=532
-  _globals['_RERANKBATCHREQUEST']._serialized_start=534
-  _globals['_RERANKBATCHREQUEST']._serialized_end=608
-  _globals['_RERANKBATCHRESULT']._serialized_start=611
-  _globals['_RERANKBATCHRESULT']._serialized_end=749
-  _globals['_RERANKBATCHRESPONSE']._serialized_start=751
-  _globals['_RERANKBATCHRESPONSE']._serialized_end=830
-  _globals['_RERANKSERVICE']._serialized_start=833
-  _globals['_RERANKSERVICE']._serialized_end=1130
+  _globals['_RERANKRESPONSE']._serialized_end=455
+  _globals['_RERANKBATCHITEM']._serialized_start=457
+  _globals['_RERANKBATCHITEM']._serialized_end=580
+  _globals['_RERANKBATCHREQUEST']._serialized_start=582
+  _globals['_RERANKBATCHREQUEST']._serialized_end=656
+  _globals['_RERANKBATCHRESULT']._serialized_start=659
+  _globals['_RERANKBATCHRESULT']._serialized_end=797
+  _globals['_RERANKBATCHRESPONSE']._serialized_start=799
+  _globals['_RERANKBATCHRESPONSE']._serialized_end=878
+  _globals['_RERANKSERVICE']._serialized_start=881
+  _globals['_RERANKSERVICE']._serialized_end=1178
 # @@protoc_insertion_point(module_scope)

@@ -96,6 +96,7 @@ class RerankResponse(_message.Message):
     MODEL_FIELD_NUMBER: _builtins.int
     RESULTS_FIELD_NUMBER: _builtins.int
     USAGE_FIELD_NUMBER: _builtins.int
+    TIMINGS_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     """Public model id that served the request."""
     @_builtins.property
@@ -106,16 +107,21 @@ class RerankResponse(_message.Message):
     def usage(self) -> _common_pb2.Usage:
         """Tokens read (query and documents, after truncation)."""
 
+    @_builtins.property
+    def timings(self) -> _common_pb2.Timings:
+        """Where the request's time went in the service."""
+
     def __init__(
         self,
         *,
         model: _builtins.str = ...,
         results: _abc.Iterable[Global___RerankResult] | None = ...,
         usage: _common_pb2.Usage | None = ...,
+        timings: _common_pb2.Timings | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["usage", b"usage"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["timings", b"timings", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["model", b"model", "results", b"results", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["model", b"model", "results", b"results", "timings", b"timings", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
