@@ -24,8 +24,7 @@ from edge.errors import OpenAIError
 from edge.telemetry import STAGE_LATENCY, Exchange, HttpMetrics, server_timing
 from services.common.encoder import Batcher, EncoderModel, Row
 from services.common.metrics import Stages
-from tests.unit.llm_fakes import FakeTriton
-from tests.unit.test_llm_model import VLLM, chat, generate, model, vllm_steps
+from tests.unit.test_llm_model import VLLM, chat, generate, model, serving, vllm_steps
 from tritongate.common.v1 import common_pb2
 from tritongate.embed.v1 import embed_pb2
 from tritongate.logs import formatter
@@ -143,8 +142,8 @@ async def test_a_batch_rpc_s_items_each_count_their_shared_tokenization_and_own_
 
 
 async def test_a_generation_reports_tokenization_first_and_inference_last(models_dir: Path) -> None:
-    triton = FakeTriton(VLLM, vllm_steps(("Hello", 1, "None"), (" world", 1, "length")))
-    responses = await generate(model(models_dir, triton), chat=chat("Hi"), max_tokens=2)
+    async with serving(VLLM, vllm_steps(("Hello", 1, "None"), (" world", 1, "length"))) as triton:
+        responses = await generate(model(models_dir, triton), chat=chat("Hi"), max_tokens=2)
     first, last = responses[0].timings, responses[-1].timings
     assert responses[0].WhichOneof("event") == "accepted" and responses[-1].WhichOneof("event") == "usage"
     assert first.tokenization_s > 0 and not first.HasField("inference_s")
