@@ -156,6 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--api-key", help="the API key (default: $OPENAI_API_KEY)")
     chat.add_argument("--temperature", type=float)
     chat.add_argument("--max-tokens", type=int)
+    chat.add_argument("--verbose", action="store_true", help="also show the log (the HTTP library's line for each "
+                      "request, DEBUG lines)")
     return parser
 
 
@@ -298,6 +300,8 @@ def _chat(args: argparse.Namespace, settings: Settings) -> None:
 
     from launcher.chat import run_chat
 
+    if not settings.verbose:  # the console shows the conversation, not the libraries' INFO lines (httpx: a request)
+        logging.getLogger().setLevel(logging.WARNING)
     url = args.url or f"http://127.0.0.1:{settings.edge_port}/v1"
     options = {name: value for name, value in (("temperature", args.temperature), ("max_tokens", args.max_tokens))
                if value is not None}

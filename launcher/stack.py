@@ -33,14 +33,17 @@ from tritongate.triton_local import TritonError, TritonProcess, start_triton, st
 
 # The demo LLM (SmolLM2-135M-Instruct) behind each Triton LLM interface: `--demo-llm` name (the model
 # configuration's `backend`) → model id, which is also its Triton model. The FasterTransformer one lives in
-# deploy/triton with the other demo models; the other three in DEMO_LLM_REPOSITORY, loaded only when asked.
+# deploy/triton with the other demo models; the other three in DEMO_LLM_REPOSITORY, loaded when asked.
 DEMO_LLMS = {
     "fastertransformer": "smollm2-135m-instruct",
     "tensorrt_llm": "smollm2-135m-instruct-trtllm",
     "tensorrt_llm_text": "smollm2-135m-instruct-trtllm-ensemble",
     "vllm": "smollm2-135m-instruct-vllm",
 }
-DEFAULT_DEMO_LLMS = ("fastertransformer",)
+# The demo configuration's: FasterTransformer's, and TensorRT-LLM's, whose guided decoding enforces tools and
+# structured output (FasterTransformer has none).
+DEFAULT_DEMO_LLMS = ("fastertransformer", "tensorrt_llm")
+DEMO_REPOSITORY = DEPLOY_DIR / "triton"
 DEMO_LLM_REPOSITORY = DEPLOY_DIR / "triton-llm-backends"
 DEFAULT_CONFIG = DEPLOY_DIR / "model_config.json"
 DEFAULT_TRITON_GRPC_PORT = Settings.model_fields["triton_grpc_port"].default  # what the demo configurations name
@@ -67,8 +70,11 @@ def parse_demo_llms(values: Iterable[str]) -> tuple[str, ...]:
 
 def demo_llm_triton(settings: Settings, demo_llms: tuple[str, ...]) -> tuple[list[Path], list[str] | None]:
     """The Triton repositories to add and the models to load (None: every model, as Triton does by
-    default) to serve `demo_llms`. The default stack adds nothing and loads its repositories whole."""
-    if demo_llms == DEFAULT_DEMO_LLMS:
+    default) to serve `demo_llms`: the repositories' models, but the demo LLMs not chosen, and the chosen
+    ones. With a model configuration or a repository of your own, the default adds nothing: the
+    repositories are loaded whole."""
+    own = Path(settings.config_file) != DEFAULT_CONFIG or settings.triton_model_repository != [DEMO_REPOSITORY]
+    if demo_llms == DEFAULT_DEMO_LLMS and own:
         return [], None
     unwanted = {DEMO_LLMS[name] for name in DEMO_LLMS if name not in demo_llms}
     models = [path.name for repository in settings.triton_model_repository for path in sorted(repository.iterdir())
@@ -321,6 +327,7 @@ class LocalStack:
 
 def run_stack(settings: Settings, fetch: bool = True, demo_llms: tuple[str, ...] = DEFAULT_DEMO_LLMS,
               processes: dict[str, int] | None = None) -> int:
+    repositories, load_models = demo_llm_triton(settings, demo_llms)
     settings = settings.model_copy(update={"config_file": demo_llm_config(settings, demo_llms)})
     config = load_model_config(settings.config_file)  # fail fast, before starting anything
     if fetch:
@@ -328,7 +335,6 @@ def run_stack(settings: Settings, fetch: bool = True, demo_llms: tuple[str, ...]
 
         if missing_models(settings.models_dir):
             fetch_models(settings.models_dir)
-    repositories, load_models = demo_llm_triton(settings, demo_llms)
     stack = LocalStack(settings, extra_repositories=repositories, load_models=load_models,
                        processes=processes or {})
     stopping = stop_on_signals()

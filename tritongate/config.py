@@ -89,6 +89,10 @@ class ModelInfo(_Section):
     top_k: Annotated[int, Field(ge=0)] | None = None
     top_p: Annotated[float, Field(ge=0, le=1)] | None = None
     mask_positions: int | None = None
+    # Extensions.
+    max_completion_tokens: Annotated[int, Field(gt=0)] | None = Field(
+        None, description="`max_tokens` of a request that sets none; default: the rest of the context"
+    )
 
 
 DNS_SCHEME = "dns:///"

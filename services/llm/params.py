@@ -57,6 +57,7 @@ class Defaults:
     repetition_penalty: float | None = None
     stop_words: list[list[int]] = field(default_factory=list)  # token-id words
     bad_words: list[list[int]] = field(default_factory=list)
+    max_new_tokens: int | None = None  # for a request without max_tokens; None: the rest of the context
 
     @classmethod
     def of(cls, info: ModelInfo, tokenizer: Any) -> Defaults:
@@ -65,7 +66,7 @@ class Defaults:
         end_id = info.end_id if info.end_id is not None and info.end_id >= 0 else tokenizer.eos_token_id
         start_id = info.start_id if info.start_id is not None and info.start_id >= 0 else None
         return cls(end_id, start_id, info.temperature, info.top_k, info.top_p, info.repetition_penalty,
-                   info.stop_words, info.bad_words)
+                   info.stop_words, info.bad_words, info.max_completion_tokens)
 
 
 @dataclass(frozen=True)
@@ -245,7 +246,8 @@ def sampling(request: llm_pb2.GenerateRequest, policy: GenerationPolicy) -> tupl
 
 def max_new_tokens(request: llm_pb2.GenerateRequest, policy: GenerationPolicy, prompt_tokens: int,
                    param: PromptParam) -> int:
-    """`max_tokens` (0 generates nothing), or the rest of the context (at most the model's
+    """`max_tokens` (0 generates nothing), or the model's default (`model_infos` `max_completion_tokens`,
+    raised to `min_tokens`), within the rest of the context and the model's limit (`llm[]`
     `max_completion_tokens`); a prompt that leaves no room, or `min_tokens` beyond it, is refused."""
     max_len, cap = policy.context_length, policy.max_completion_tokens
     if prompt_tokens >= max_len:
@@ -265,7 +267,8 @@ def max_new_tokens(request: llm_pb2.GenerateRequest, policy: GenerationPolicy, p
                                f"the completion). Please reduce the length of the {param} or completion.",
                                "max_tokens", "context_length_exceeded")
     else:
-        wanted = min(max_len - prompt_tokens, cap or max_len)
+        default = policy.defaults.max_new_tokens or max_len
+        wanted = min(max_len - prompt_tokens, cap or max_len, max(default, request.min_tokens))
     if request.min_tokens > wanted:
         raise invalid_argument(f"`min_tokens` is {request.min_tokens}, more than the {wanted} tokens this "
                                "completion may generate.", "min_tokens")

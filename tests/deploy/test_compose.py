@@ -297,12 +297,15 @@ def test_services_read_the_mounted_model_config_and_triton_serves_its_models() -
 
 
 def test_compose_config_is_the_demo_config_on_the_triton_service() -> None:
-    """Every model of deploy/model_config.json runs in compose too, configured the same way."""
+    """Every model of deploy/model_config.json that the Triton image serves (deploy/triton) runs in compose
+    too, configured the same way; `tritongate up` adds the TensorRT-LLM demo LLM of deploy/triton-llm-backends."""
     demo = json.loads((DEPLOY_DIR / "model_config.json").read_text())
     ours = json.loads((DEPLOY_DIR / dotenv(DEPLOY_DIR / ".env")["TRITONGATE_MODEL_CONFIG"]).read_text())
+    served = {path.name for path in (DEPLOY_DIR / "triton").iterdir()}
+    demo["model_infos"] = [info for info in demo.get("model_infos", []) if info["name"] in served]
     for section in (info.section for info in registry.SERVICES):
         by_name = {entry["name"]: entry for entry in ours.get(section, [])}
-        for entry in demo.get(section, []):
+        for entry in (entry for entry in demo.get(section, []) if entry.get("triton_model", entry["name"]) in served):
             assert entry["name"] in by_name, f"{section} model {entry['name']} is missing from the compose config"
             differs = {k for k in entry.keys() | by_name[entry["name"]].keys()
                        if k not in ("url", "grpc_url") and entry.get(k) != by_name[entry["name"]].get(k)}

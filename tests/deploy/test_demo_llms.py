@@ -30,5 +30,6 @@ def test_every_demo_llm_is_a_triton_model_of_its_name() -> None:
         assert re.search(rf'^name: "{name}"$', config, flags=re.M), name
         assert re.search(r"^\s*decoupled: true$", config, flags=re.M), name
         assert (repository / name / "1" / "model.py").is_file()
-    # The default repository does not hold the other interfaces: the default stack does not load them.
+    # deploy/triton (also the Triton image's repository, compose's) holds only the FasterTransformer one;
+    # `tritongate up` loads the others from DEMO_LLM_REPOSITORY by name.
     assert not {p.name for p in DEMO_LLM_REPOSITORY.iterdir()} & {p.name for p in (DEPLOY_DIR / "triton").iterdir()}

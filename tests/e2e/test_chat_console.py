@@ -22,10 +22,10 @@ PROMPT = "you> "
 USAGE = re.compile(r"\[(\d+) prompt \+ (\d+) completion tokens\]")
 
 
-def open_console(stack: LocalStack, model: str, max_tokens: int) -> pexpect.spawn:
+def open_console(stack: LocalStack, model: str, max_tokens: int, *flags: str) -> pexpect.spawn:
     child = pexpect.spawn(sys.executable, ["-m", "launcher.cli", "chat", "--url", f"{stack.edge_url}/v1", "--model",
-                                           model, "--max-tokens", str(max_tokens)], encoding="utf-8", timeout=60,
-                          dimensions=(40, 200))
+                                           model, "--max-tokens", str(max_tokens), *flags], encoding="utf-8",
+                          timeout=60, dimensions=(40, 200))
     child.expect(f"tritongate chat with {model}")
     child.expect_exact(PROMPT)
     return child
@@ -48,9 +48,14 @@ def ask(child: pexpect.spawn, text: str) -> tuple[str, int]:
     return shown.split(text, 1)[-1].strip(), prompt_tokens
 
 
+# httpx logs each request at INFO: a line the console must not put into the conversation.
+REQUEST_LOG = "HTTP Request: POST"
+
+
 def test_the_conversation_is_kept_until_reset(console: pexpect.spawn) -> None:
     answer, first = ask(console, "hello")
     assert answer  # ft-echo repeats the prompt's start: SmolLM2's default system message
+    assert REQUEST_LOG not in answer and "INFO" not in answer
     _, second = ask(console, "hello")
     assert second > first + 5  # the first exchange is in the second prompt
     console.sendline("/reset")
@@ -76,6 +81,15 @@ def test_system_and_model_commands(console: pexpect.spawn) -> None:
     console.sendline(f"/model {ECHO}")
     console.expect_exact(PROMPT)
     assert ask(console, "hello")[0]  # the refused question left the conversation as it was
+
+
+def test_verbose_shows_the_http_librarys_request_log(stack: LocalStack) -> None:
+    console = open_console(stack, ECHO, 4, "--verbose")
+    try:
+        answer, _ = ask(console, "hello")
+        assert REQUEST_LOG in answer
+    finally:
+        console.close(force=True)
 
 
 def test_ctrl_c_stops_the_answer_and_the_request_but_not_the_program(stack: LocalStack, events_file: Path) -> None:

@@ -49,6 +49,11 @@ def test_sdk_default_base64_matches_transformers_in_process(client: openai.OpenA
     assert response.model == MODEL
 
 
+# Two requests may reach the model in different batches (Triton's dynamic batcher, the services' merging):
+# MiniLM's numbers then differ in the last bits (padding, kernel choice), by up to 2e-7 as measured.
+ACROSS_REQUESTS = 1e-6
+
+
 def test_float_and_base64_carry_the_same_vectors(http: httpx.Client) -> None:
     body = {"model": MODEL, "input": ["one", "two words"]}
     floats = http.post("/v1/embeddings", json={**body, "encoding_format": "float"}).json()
@@ -56,7 +61,7 @@ def test_float_and_base64_carry_the_same_vectors(http: httpx.Client) -> None:
     validate(floats, "CreateEmbeddingResponse")  # OpenAI's schema types `embedding` as the float array
     for f, b in zip(floats["data"], encoded["data"], strict=True):
         decoded = np.frombuffer(base64.b64decode(b["embedding"]), dtype="<f4")
-        np.testing.assert_array_equal(decoded, np.array(f["embedding"], dtype=np.float32))
+        np.testing.assert_allclose(decoded, np.array(f["embedding"], dtype=np.float32), rtol=0, atol=ACROSS_REQUESTS)
     assert [d["index"] for d in floats["data"]] == [0, 1]
     assert floats["usage"] == {"prompt_tokens": 7, "total_tokens": 7}  # [CLS] one [SEP] [CLS] two words [SEP]
 
@@ -84,15 +89,15 @@ def test_token_id_inputs(client: openai.OpenAI, models_dir: Path) -> None:
     from_text = vectors(client.embeddings.create(model=MODEL, input="hello world"))
     from_ids = vectors(client.embeddings.create(model=MODEL, input=ids))
     from_id_lists = vectors(client.embeddings.create(model=MODEL, input=[ids, ids]))
-    np.testing.assert_allclose(from_ids, from_text, atol=1e-6)
-    np.testing.assert_allclose(from_id_lists, np.vstack([from_text, from_text]), atol=1e-6)
+    np.testing.assert_allclose(from_ids, from_text, atol=ACROSS_REQUESTS)
+    np.testing.assert_allclose(from_id_lists, np.vstack([from_text, from_text]), atol=ACROSS_REQUESTS)
 
 
 def test_dimensions_truncate_and_renormalise(client: openai.OpenAI) -> None:
     full = vectors(client.embeddings.create(model=MODEL, input="matryoshka"))[0]
     short = vectors(client.embeddings.create(model=MODEL, input="matryoshka", dimensions=64))[0]
     assert short.shape == (64,)
-    np.testing.assert_allclose(short, full[:64] / np.linalg.norm(full[:64]), atol=1e-6)
+    np.testing.assert_allclose(short, full[:64] / np.linalg.norm(full[:64]), atol=ACROSS_REQUESTS)
 
 
 def test_long_inputs_are_truncated_at_max_tokens(client: openai.OpenAI, models_dir: Path) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 import grpc
 import pytest
 
+from launcher.stack import DEMO_LLMS
 from services.common.server import RunningService, start_service
 from services.common.triton import Triton
 from services.llm.main import build
@@ -43,17 +44,19 @@ def ids(tokenizer: Any, text: str) -> list[int]:
 @pytest.fixture(scope="module")
 async def service(model_config_file: Path, tokenizer: Any, tmp_path_factory: pytest.TempPathFactory
                   ) -> AsyncIterator[RunningService]:
-    """The test config plus two models: one with its own template file (`chat_template`), one with
-    model_infos in the layouts Denglin's openai_api writes."""
+    """The test config plus three models: one with its own template file (`chat_template`), one with
+    model_infos in the layouts Denglin's openai_api writes, one with a default `max_tokens`."""
     folder = tmp_path_factory.mktemp("llm-service")
     (folder / "strict.jinja").write_text(STRICT_TEMPLATE)
     config = json.loads(model_config_file.read_text())  # noqa: ASYNC240 (test set-up)
     echo = next(entry for entry in config["llm"] if entry["name"] == "ft-echo")
     config["llm"] += [dict(echo, name="ft-echo-template", triton_model="ft-echo", chat_template="strict.jinja"),
-                      dict(echo, name="ft-echo-denglin", triton_model="ft-echo")]
+                      dict(echo, name="ft-echo-denglin", triton_model="ft-echo"),
+                      dict(echo, name="ft-echo-capped", triton_model="ft-echo")]
     config["model_infos"].append({"name": "ft-echo-denglin", "end_id": -2, "max_len": 64,
                                   "bad_words": [ids(tokenizer, " bad"), [1]],  # FT's two-row layout
                                   "stop_words": [ids(tokenizer, " the end")]})  # a word of two tokens
+    config["model_infos"].append({"name": "ft-echo-capped", "max_len": 256, "max_completion_tokens": 5})
     (folder / "model_config.json").write_text(json.dumps(config))
     triton = Triton()
     running = await start_service(build(load_model_config(folder / "model_config.json"), triton), triton,
@@ -161,6 +164,32 @@ async def test_max_tokens_0_generates_nothing(stub: llm_pb2_grpc.LlmServiceStub)
     messages = await responses(stub, chat("ft-echo", ("user", "Hi"), max_tokens=0))
     assert texts(messages) == "" and messages[-2].delta.finish_reason == "length"
     assert messages[-1].usage.completion_tokens == 0
+
+
+async def test_a_request_without_max_tokens_stops_at_the_models_default(stub: llm_pb2_grpc.LlmServiceStub) -> None:
+    """`model_infos` `max_completion_tokens`: the echo would run to the end of its 256-token context."""
+    for request in (chat("ft-echo-capped", ("user", "one two three four five six seven")),
+                    completion("ft-echo-capped", "one two three four five six seven")):
+        messages = await responses(stub, request)
+        assert messages[-2].delta.finish_reason == "length" and messages[-1].usage.completion_tokens == 5
+    asked = await responses(stub, completion("ft-echo-capped", "one two three", max_tokens=9))  # more may be asked for
+    assert texts(asked) == "one two three" * 3 and asked[-1].usage.completion_tokens == 9
+
+
+# Questions of different lengths: their rows in the demo engine's batch are padded differently.
+QUESTIONS = ["Why is the sky blue?", "Explain gravity to a child in simple words please.", "Hi",
+             "Write a haiku about the sea.", "Give me a recipe for pancakes with blueberries and maple syrup for a "
+             "family breakfast on Sunday morning.", "Name a fruit."]
+
+
+async def test_a_greedy_text_is_the_same_alone_and_batched_with_others(stub: llm_pb2_grpc.LlmServiceStub) -> None:
+    """The demo LLM decodes concurrent requests as one batch; a greedy answer must not depend on it."""
+    def ask(question: str) -> llm_pb2.GenerateRequest:
+        return chat(DEMO_LLMS["tensorrt_llm"], ("user", question), temperature=0, max_tokens=16)
+
+    alone = [texts(await responses(stub, ask(question))) for question in QUESTIONS]
+    together = await asyncio.gather(*(responses(stub, ask(question)) for question in QUESTIONS))
+    assert [texts(messages) for messages in together] == alone
 
 
 def events_since(events_file: Path, offset: int) -> list[dict[str, Any]]:

@@ -48,6 +48,7 @@ def test_defaults_for_extensions() -> None:
     assert llm.max_n == DEFAULT_MAX_N and llm.max_choices == 64 and llm.max_completion_tokens is None
     assert llm.backend is None  # detected from the Triton model's configuration
     assert llm.accumulate_tokens is None and llm.lora_name is None
+    assert ModelInfo(name="l").max_completion_tokens is None  # a request without max_tokens: the rest of the context
 
 
 @pytest.mark.parametrize("backend", ["fastertransformer", "tensorrt_llm", "tensorrt_llm_text", "vllm", None])
@@ -84,6 +85,8 @@ def test_word_lists_in_either_layout_become_lists_of_words(value: Any, words: li
         ({"llm": [{"name": "x", "url": "u", "path": "p"}], "embedding": [{"name": "x", "url": "u", "path": "p"}]},
          "$.embedding[0].name: model id 'x' is already used at $.llm[0].name"),
         ({"model_infos": [{"name": "x", "max_len": 0}]}, "$.model_infos[0].max_len: Input should be greater than 0"),
+        ({"model_infos": [{"name": "x", "max_completion_tokens": 0}]},
+         "$.model_infos[0].max_completion_tokens: Input should be greater than 0"),
         ({"llm": [{"name": "x", "url": "u", "path": "p", "max_n": MAX_N + 1}]},
          f"$.llm[0].max_n: Input should be less than or equal to {MAX_N}"),
         ({"model_infos": [{"name": "x", "stop_words": [["a"]]}]}, "$.model_infos[0].stop_words[0][0]: Input should"),

@@ -41,10 +41,18 @@ def test_demo_llm_names_lists_and_all() -> None:
         build_parser().parse_args(["up", "--demo-llm", "nope"])
 
 
-def test_the_default_stack_loads_its_repositories_whole_and_nothing_else() -> None:
+def test_the_default_stack_adds_the_tensorrt_llm_demo_llm_to_the_demo_repository(tmp_path: Path) -> None:
+    """TensorRT-LLM's interface has guided decoding: the default stack can show tools and structured output."""
     settings = Settings()
-    assert demo_llm_triton(settings, DEFAULT_DEMO_LLMS) == ([], None)
+    repositories, models = demo_llm_triton(settings, DEFAULT_DEMO_LLMS)
+    default = sorted(p.name for p in (DEPLOY_DIR / "triton").iterdir() if (p / "config.pbtxt").is_file())
+    assert repositories == [DEMO_LLM_REPOSITORY] and models == [*default, DEMO_LLMS["tensorrt_llm"]]
     assert demo_llm_config(settings, DEFAULT_DEMO_LLMS) == DEFAULT_CONFIG
+    assert [entry.name for entry in load_model_config(DEFAULT_CONFIG).llm] == [DEMO_LLMS[name] for name in
+                                                                               DEFAULT_DEMO_LLMS]
+    # A configuration or a repository of your own: its repositories whole, nothing added.
+    assert demo_llm_triton(Settings(config_file=tmp_path / "mine.json"), DEFAULT_DEMO_LLMS) == ([], None)
+    assert demo_llm_triton(Settings(triton_model_repository=[tmp_path]), DEFAULT_DEMO_LLMS) == ([], None)
 
 
 def test_all_adds_the_repository_and_loads_every_model(tmp_path: Path) -> None:
@@ -75,7 +83,7 @@ def test_the_demo_configuration_follows_the_local_tritons_grpc_port(tmp_path: Pa
     config = load_model_config(demo_llm_config(Settings(cache_dir=tmp_path, triton_grpc_port=9101), demo_llms))
     entries = [*config.llm, *config.embedding, *config.rerank]
     assert entries and {entry.triton_grpc_url for entry in entries} == {"127.0.0.1:9101"}
-    assert len(config.llm) == (len(DEMO_LLMS) if demo_llms == tuple(DEMO_LLMS) else 1)
+    assert len(config.llm) == len(demo_llms)
     own = tmp_path / "mine.json"
     assert demo_llm_config(Settings(config_file=own, triton_grpc_port=9101), demo_llms) == own
 

@@ -186,6 +186,16 @@ def test_configured_limits_of_n_and_max_tokens_name_the_limit() -> None:
     assert info.value.param == "max_tokens" and "at most 50 tokens" in info.value.message
 
 
+def test_a_default_max_tokens_caps_a_request_that_sets_none_but_may_be_exceeded() -> None:
+    defaulted = policy(defaults=Defaults(end_id=2, max_new_tokens=10))
+    assert max_new_tokens(llm_pb2.GenerateRequest(), defaulted, 30, "messages") == 10
+    assert max_new_tokens(llm_pb2.GenerateRequest(), defaulted, 95, "messages") == 5  # the rest of the context
+    assert max_new_tokens(llm_pb2.GenerateRequest(max_tokens=60), defaulted, 30, "prompt") == 60  # asked for more
+    assert max_new_tokens(llm_pb2.GenerateRequest(min_tokens=12), defaulted, 30, "prompt") == 12
+    # Under the model's limit, the smaller of the two wins.
+    assert max_new_tokens(llm_pb2.GenerateRequest(), replace(defaulted, max_completion_tokens=8), 30, "prompt") == 8
+
+
 def test_the_policy_is_read_from_the_model_configuration(tmp_path: Any) -> None:
     class Tokenizer:
         eos_token_id = 7
@@ -198,10 +208,11 @@ def test_the_policy_is_read_from_the_model_configuration(tmp_path: Any) -> None:
             return [1, *map(ord, text)] if add_special_tokens else list(map(ord, text))
 
     entry = LlmModel(name="m", url="u", path=str(tmp_path), max_n=4, max_completion_tokens=30)
-    built = GenerationPolicy.of(entry, ModelInfo(name="m", stop_words=[[5]]), Tokenizer(), FT)
+    built = GenerationPolicy.of(entry, ModelInfo(name="m", stop_words=[[5]], max_completion_tokens=20), Tokenizer(),
+                                FT)
     assert (built.model, built.vocab_size, built.context_length) == ("m", 300, 512)
     assert (built.max_n, built.max_choices, built.max_completion_tokens) == (4, 64, 30)
-    assert built.defaults == Defaults(end_id=7, stop_words=[[5]])
+    assert built.defaults == Defaults(end_id=7, stop_words=[[5]], max_new_tokens=20)
     assert built.tokenize("ab") == [97, 98]  # stop strings: no special tokens
 
 

@@ -14,8 +14,14 @@ Scheduling: one worker thread owns the model. A new sequence's prompt is prefill
 of `prefill_chunk` tokens interleaved with decoding steps, then the sequence joins the running batch:
 every decoding step runs all active sequences as one batch (left-padded KV cache), which on this
 memory-bound CPU model costs little more than a single sequence. At most `max_active` sequences run
-together; more wait in a queue. With bfloat16 a near-tie greedy choice can differ between a sequence run
-alone and the same sequence batched with others (float32: same).
+together; more wait in a queue.
+
+A sequence's numbers do not depend on what it is batched with, so a greedy text is the same alone and
+under load: each row's attention runs on its own keys and values (`row_attention`), exactly as for a
+sequence decoded alone, not on the padded batch with a mask (the kernel, the reduction length and order
+would change with the padding); the bfloat16 matrix products compute every row the same whatever the
+number of rows. (float32's do not: its matrix-vector and matrix-matrix kernels round differently, so a
+near-tie greedy choice can differ alone and batched.)
 
 This module runs inside Triton's Python backend, also in the official Triton image (Python 3.10, where
 deploy/triton/Dockerfile copies this package): torch and transformers are imported when an Engine is
@@ -157,7 +163,8 @@ class Engine:
         self.torch_threads, self.max_active, self.prefill_chunk = torch_threads, max_active, prefill_chunk
         torch.set_num_threads(torch_threads)
         started = time.monotonic()
-        self.model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
+        self.model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype),
+                                                               attn_implementation=row_attention()).eval()
         eos = self.model.generation_config.eos_token_id
         if eos is None:
             eos = self.model.config.eos_token_id
@@ -355,11 +362,38 @@ class Engine:
                 seqs.append(seq)
 
 
+ROW_ATTENTION = "tritongate_rows"
+
+
+def row_attention() -> str:
+    """Registers the attention the engine's model runs with, and returns its name: transformers'
+    SDPA attention, except in a decoding step of the batch (`row_starts` given), where each row attends
+    to its own keys and values from its first real position on, without a mask: the same call, on the
+    same numbers, as a sequence decoded alone."""
+    import torch
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import sdpa_mask
+
+    def attention(module: Any, query: Any, key: Any, value: Any, mask: Any, row_starts: list[int] | None = None,
+                  **kwargs: Any) -> tuple[Any, None]:
+        if row_starts is None:  # a prompt's prefill, always one sequence
+            return sdpa_attention_forward(module, query, key, value, mask, **kwargs)
+        rows = [sdpa_attention_forward(module, query[i:i + 1], key[i:i + 1, :, start:].contiguous(),
+                                       value[i:i + 1, :, start:].contiguous(), None, **kwargs)[0]
+                for i, start in enumerate(row_starts)]
+        return torch.cat(rows), None
+
+    AttentionInterface.register(ROW_ATTENTION, attention)
+    AttentionMaskInterface.register(ROW_ATTENTION, sdpa_mask)  # prefill: SDPA's causal mask
+    return ROW_ATTENTION
+
+
 class Batch:
     """The active sequences and their KV cache, left-padded to a common length.
 
-    Row i holds `pads[i]` padding positions (masked out) followed by its real keys and values; every
-    decoding step appends one position to every row.
+    Row i holds `pads[i]` padding positions followed by its real keys and values; every decoding step
+    appends one position to every row, and each row's attention starts after its padding (`row_attention`).
     """
 
     def __init__(self, torch: Any, cache_class: Any, config: Any) -> None:
@@ -402,12 +436,9 @@ class Batch:
         """One decoding step for every row; returns the last-position logits [rows, vocab]."""
         torch, length = self.torch, self.cache.get_seq_length()
         input_ids = torch.tensor([[seq.tokens[-1]] for seq in self.seqs])
-        mask = torch.ones(len(self.seqs), length + 1, dtype=torch.long)
-        for row, pad in enumerate(self.pads):
-            mask[row, :pad] = 0
         positions = torch.tensor([[length - pad] for pad in self.pads])
-        out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, past_key_values=self.cache,
-                    use_cache=True)
+        out = model(input_ids=input_ids, position_ids=positions, past_key_values=self.cache, use_cache=True,
+                    row_starts=self.pads)
         return out.logits[:, -1].float()
 
     def _pad(self, tensor: Any, n: int) -> Any:
