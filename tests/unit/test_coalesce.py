@@ -1,7 +1,7 @@
 """Batch-while-busy at the edge (edge/coalesce.py), against a fake service: an idle request goes at once as
 a unary call; on a busy edge, requests that arrive while calls are in flight leave together in one batch
 call; an edge with CPU to spare holds nothing back; each request keeps its own id, deadline and failure;
-a caller that goes away leaves the others alone."""
+a caller that goes away leaves the others alone; a batch call runs under the ids of its requests."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ class FakeService:
         self.release_batches = asyncio.Event()
         self.unary_calls: list[tuple[str, str]] = []  # (input, request id)
         self.batch_calls: list[list[tuple[str, str, float]]] = []  # per call: (input, request id, timeout)
+        self.batch_ids: list[str] = []  # the request id each batch call ran under
         self.cancelled = 0
 
     def answer(self, request: embed_pb2.EmbedRequest) -> embed_pb2.EmbedResponse:
@@ -40,6 +41,7 @@ class FakeService:
     async def batch(self, request: embed_pb2.EmbedBatchRequest, timeout: float) -> embed_pb2.EmbedBatchResponse:
         self.batch_calls.append([(item.request.texts.texts[0], item.context.request_id, item.context.timeout_s)
                                  for item in request.items])
+        self.batch_ids.append(REQUEST_ID.get())
         try:
             await self.release_batches.wait()
         except asyncio.CancelledError:
@@ -187,3 +189,20 @@ async def test_a_large_request_goes_alone_so_that_it_runs_beside_the_others() ->
     assert service.batch_calls == []  # 64 + 1 inputs are over the batch limit: two calls
     assert sorted(text for text, _ in service.unary_calls) == ["b", "large"]
     assert [result.rows for result in results] == [5, 1]
+
+
+async def test_a_batch_call_runs_under_the_ids_of_its_requests_and_each_request_records_its_hold() -> None:
+    service = FakeService()
+    coalesce = coalescer(service)
+    first = asyncio.create_task(call(coalesce, "a", "id-a"))  # its arrival schedules the first dispatch
+    await settle()
+    REQUEST_ID.set("id-b")
+    held = coalesce.item(embed_pb2.EmbedRequest(model="m", texts=embed_pb2.TextBatch(texts=["b"])))
+    others = [asyncio.create_task(coalesce.send(held)), asyncio.create_task(call(coalesce, "c", "id-c"))]
+    await settle()
+    assert held.sent is None  # held while the one slot is taken
+    service.release.set()
+    service.release_batches.set()
+    await asyncio.gather(first, *others)
+    assert service.batch_ids == ["id-b,id-c"]  # not "id-a", whose task dispatched it
+    assert held.sent is not None and held.held_s == held.sent - held.submitted >= 0
