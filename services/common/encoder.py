@@ -52,8 +52,8 @@ PostProcess = Callable[[np.ndarray, np.ndarray], np.ndarray]
 class Batcher(Batches[Sequence[Row], np.ndarray]):
     """Continuous batching for encoder calls, as TEI and Infinity do it (tritongate/batching.py): rows
     submitted in one turn of the event loop leave after that turn, spread over the model's idle
-    `instances`, each Triton call at most `batch_size` rows; while this process is busy, at most `slots`
-    calls are in flight, and what arrives meanwhile leaves together when a call ends.
+    `instances`, each Triton call at most `batch_size` rows (`max_size`); while this process is busy, at
+    most `slots` calls are in flight, and what arrives meanwhile leaves together when a call ends.
 
     A call runs in its own context with REQUEST_ID set to the distinct ids of the requests it serves
     (`tritongate.batching.joined_id`), for its log lines and the Triton request id.
@@ -65,21 +65,13 @@ class Batcher(Batches[Sequence[Row], np.ndarray]):
         self.infer = call
         self.model = model
 
-    @property
-    def batch_size(self) -> int:
-        return self.max_size
-
-    @batch_size.setter
-    def batch_size(self, rows: int) -> None:
-        self.max_size = rows
-
     def parts(self, rows: Sequence[Row]) -> list[Item[Sequence[Row], np.ndarray]]:
         """`rows` as the items to `send`: equal parts (100 rows with batch size 64: 50 + 50, not 64 + 36),
         at least one per instance, so that the instances share the work and finish together. Their
         `held_s` is how long they wait here."""
         if not rows:
             return []
-        count = max(math.ceil(len(rows) / self.batch_size), min(self.instances, len(rows)))
+        count = max(math.ceil(len(rows) / self.max_size), min(self.instances, len(rows)))
         size = math.ceil(len(rows) / count)
         return [Item(rows[i:i + size], len(rows[i:i + size])) for i in range(0, len(rows), size)]
 
@@ -143,7 +135,7 @@ class EncoderModel(ServedModel):
         self.output_name = self.configured_output() or next(iter(outputs), "")
         self.output_dims = [int(d) for d in outputs.get(self.output_name, {}).get("dims", [])]
         self.batch_size = self.entry.max_batch_size or int(triton_config.get("max_batch_size") or 0) or 1
-        self.batcher.batch_size = self.batch_size
+        self.batcher.max_size = self.batch_size
         self.instances = instance_count(triton_config)
 
     async def refresh(self) -> bool:
