@@ -6,7 +6,8 @@ when idle. Under load, the gRPC hop and the service's per-call work are paid per
 A batch holds at most `max_inputs` inputs: a large request goes alone.
 
 Each request keeps what a unary call would give it: its request id and its own deadline travel with it
-(`ItemContext`), its failure is its own (an item error, mapped by the same table as a failed call), and
+(`ItemContext`), its failure is its own (an item error, mapped by the same table as a failed call, in
+the caller's task, so that what it logs carries the caller's request id), and
 a caller that goes away (client disconnect) leaves the others' call alone; a call whose callers have all
 gone is cancelled. The service admits each item on its own, so `max_in_flight` still counts requests.
 How long a request waited here before its call left: `Item.held_s` of the item from `Coalescer.item`.
@@ -70,29 +71,36 @@ class Coalescer:
         if batches is None:
             batches = self._models[model] = Batches(self._batch, self.slots, self.max_inputs, self.max_items,
                                                     alone=self._unary, busy=self.busy)
-        (answer,) = await batches.run((item,))
+        try:  # failures mapped here, in the caller's task: their log lines carry its own request id
+            (answer,) = await batches.run((item,))
+        except grpc.aio.AioRpcError as exc:
+            raise self.calls.call_failure(exc) from None
+        except _ItemFailed as failed:
+            raise self.calls.item_failure(failed.error) from None
         return answer
 
     def _deadline(self, item: Request) -> float:
         return item.submitted + self.timeout
 
     async def _unary(self, item: Request) -> Any:
-        try:
-            return await self.calls.unary(item.payload, timeout=self._deadline(item) - time.monotonic(),
-                                          metadata=((REQUEST_ID_KEY, item.request_id),))
-        except grpc.aio.AioRpcError as exc:
-            raise self.calls.call_failure(exc) from None
+        return await self.calls.unary(item.payload, timeout=self._deadline(item) - time.monotonic(),
+                                      metadata=((REQUEST_ID_KEY, item.request_id),))
 
     async def _batch(self, batch: list[Request]) -> list[Any]:
         calls, now = self.calls, time.monotonic()
         items = [calls.batch_item(request=item.payload, context=common_pb2.ItemContext(
             request_id=item.request_id, timeout_s=max(self._deadline(item) - now, 0.001))) for item in batch]
-        try:
-            response = await calls.batch(calls.batch_request(items=items),
-                                         timeout=max(self._deadline(item) for item in batch) - now)
-        except grpc.aio.AioRpcError as exc:
-            return [calls.call_failure(exc) for _ in batch]  # each caller's own exception
+        response = await calls.batch(calls.batch_request(items=items),
+                                     timeout=max(self._deadline(item) for item in batch) - now)
         if len(response.results) != len(batch):
             raise OpenAIError(500, "The service answered a batch call out of order; see its log.")
-        return [calls.item_failure(result.error) if result.WhichOneof("outcome") == "error" else result.response
+        return [_ItemFailed(result.error) if result.WhichOneof("outcome") == "error" else result.response
                 for result in response.results]
+
+
+class _ItemFailed(Exception):
+    """An item's error in a batch call's answer, on its way to its caller."""
+
+    def __init__(self, error: common_pb2.ItemError) -> None:
+        super().__init__(error.message)
+        self.error = error

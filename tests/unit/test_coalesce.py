@@ -6,16 +6,17 @@ a caller that goes away leaves the others alone; a batch call runs under the ids
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import grpc
 import pytest
 
 from edge.coalesce import BatchCalls, Coalescer
-from edge.errors import OpenAIError, from_item
+from edge.errors import OpenAIError, from_grpc, from_item
 from tritongate.common.v1 import common_pb2
 from tritongate.embed.v1 import embed_pb2
-from tritongate.logs import REQUEST_ID
+from tritongate.logs import REQUEST_ID, RequestIdFilter
 from tritongate.wire import REQUEST_ID_KEY
 
 
@@ -29,6 +30,7 @@ class FakeService:
         self.batch_calls: list[list[tuple[str, str, float]]] = []  # per call: (input, request id, timeout)
         self.batch_ids: list[str] = []  # the request id each batch call ran under
         self.cancelled = 0
+        self.fail_batches = False  # batch calls log an error and fail (INTERNAL)
 
     def answer(self, request: embed_pb2.EmbedRequest) -> embed_pb2.EmbedResponse:
         return embed_pb2.EmbedResponse(model=request.model, rows=len(request.texts.texts[0]))
@@ -47,6 +49,9 @@ class FakeService:
         except asyncio.CancelledError:
             self.cancelled += 1
             raise
+        if self.fail_batches:
+            logging.getLogger("test.coalesce").error("the batch call failed")
+            raise grpc.aio.AioRpcError(grpc.StatusCode.INTERNAL, grpc.aio.Metadata(), grpc.aio.Metadata(), "boom")
         results = []
         for item in request.items:
             if item.request.texts.texts[0] == "bad":
@@ -61,7 +66,7 @@ class FakeService:
 def coalescer(service: FakeService, slots: int = 1, busy: bool = True) -> Coalescer:
     calls = BatchCalls(service.unary, service.batch, embed_pb2.EmbedBatchRequest, embed_pb2.EmbedBatchItem,
                        lambda request: len(request.texts.texts),
-                       lambda exc: OpenAIError(503, "down"), lambda error: from_item(error, "embed"))
+                       lambda exc: from_grpc(exc, "embed"), lambda error: from_item(error, "embed"))
     return Coalescer(calls, timeout=30.0, slots=slots, busy=lambda: busy)
 
 
@@ -206,3 +211,23 @@ async def test_a_batch_call_runs_under_the_ids_of_its_requests_and_each_request_
     await asyncio.gather(first, *others)
     assert service.batch_ids == ["id-b,id-c"]  # not "id-a", whose task dispatched it
     assert held.sent is not None and held.held_s == held.sent - held.submitted >= 0
+
+
+async def test_a_failed_batch_call_is_logged_under_the_batchs_ids_and_each_failure_under_its_requests(
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.handler.addFilter(RequestIdFilter())
+    service = FakeService()
+    service.release.set()
+    service.release_batches.set()
+    service.fail_batches = True
+    coalesce = coalescer(service)
+    first = asyncio.create_task(call(coalesce, "a", "id-a"))  # alone, in a unary call
+    await asyncio.sleep(0)
+    together = [asyncio.create_task(call(coalesce, text, f"id-{text}")) for text in ("b", "c")]
+    results = await asyncio.gather(first, *together, return_exceptions=True)
+    assert [[text for text, _, _ in batch] for batch in service.batch_calls] == [["b", "c"]]
+    assert results[0].rows == 1  # type: ignore[union-attr]
+    assert all(isinstance(r, OpenAIError) and r.status == 500 for r in results[1:]) and results[1] is not results[2]
+    assert sorted((record.getMessage(), record.request_id) for record in caplog.records) == [
+        ("embed service failed: INTERNAL boom", "id-b"), ("embed service failed: INTERNAL boom", "id-c"),
+        ("the batch call failed", "id-b,id-c")]
