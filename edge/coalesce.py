@@ -7,9 +7,9 @@ A batch holds at most `max_inputs` inputs: a large request goes alone.
 
 Each request keeps what a unary call would give it: its request id and its own deadline travel with it
 (`ItemContext`), its failure is its own (an item error, mapped by the same table as a failed call, in
-the caller's task, so that what it logs carries the caller's request id), and
-a caller that goes away (client disconnect) leaves the others' call alone; a call whose callers have all
-gone is cancelled. The service admits each item on its own, so `max_in_flight` still counts requests.
+the caller's task, so that what it logs carries the caller's request id), and a caller that goes away
+(client disconnect) leaves the others' call alone; a call whose callers have all gone is cancelled. The
+service admits each item on its own, so `max_in_flight` still counts requests.
 How long a request waited here before its call left: `Item.held_s` of the item from `Coalescer.item`.
 """
 
