@@ -1,5 +1,5 @@
-"""Whether this process is busy: what decides, at the edge (edge/coalesce.py) and in the services'
-batcher (services/common/encoder.py), whether requests are held back for a call slot.
+"""Whether this process is busy: what decides whether the batching of the edge and of the services
+(tritongate/batching.py) holds requests back for a call slot.
 
 Holding requests until a call returns makes fewer, larger calls: it saves the CPU each call costs, which
 is what limits the rate when the process is busy (a fast model, e.g. on a GPU). A process with CPU to

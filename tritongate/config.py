@@ -28,6 +28,7 @@ from pydantic import (
     model_validator,
 )
 
+from tritongate.batching import SERVICE_SLOTS
 from tritongate.wire import DEFAULT_MAX_N, MAX_N
 
 log = logging.getLogger(__name__)
@@ -260,7 +261,8 @@ class EncoderEntry(TritonModelEntry):
         None, description="Rows per Triton request; default: the Triton model's max_batch_size"
     )
     max_concurrent_batches: Annotated[int, Field(gt=0)] = Field(
-        4, description="Triton calls in flight per model; requests arriving meanwhile are merged"
+        SERVICE_SLOTS, description="Triton calls in flight per model while the service is busy; requests "
+        "arriving meanwhile are merged (tritongate/batching.py)"
     )
 
 

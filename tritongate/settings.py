@@ -12,6 +12,7 @@ from pathlib import Path
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from tritongate.batching import EDGE_SLOTS
 from tritongate.registry import EMBED, LLM, RERANK, ServiceInfo
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -97,9 +98,9 @@ class Settings(BaseSettings):
     # either way.
     access_log: bool = True
     # Embed and rerank calls in flight per model from one busy edge process (0.3 of a core or more);
-    # requests that arrive while they are travel together in the next (edge/coalesce.py). Two keep a service
-    # busy while a batch is on the wire. An edge with CPU to spare holds nothing back.
-    calls_per_model: int = Field(2, ge=1)
+    # requests that arrive while they are travel together in the next (edge/coalesce.py). An edge with CPU
+    # to spare holds nothing back. The batching knobs and their defaults: tritongate/batching.py.
+    calls_per_model: int = Field(EDGE_SLOTS, ge=1)
     # Edge processes sharing the port (`tritongate edge --workers`; launcher/workers.py); "auto": auto_workers().
     edge_workers: int = Field(1, ge=1)
 

@@ -4,14 +4,15 @@ in flight.
 
 The items of one model are served together (`EncoderModel.serve_many`: one tokenizer call, their rows
 in one submission to the batcher), under the longest of their deadlines, with their request ids joined
-for the log lines and the Triton request id. Each item takes its own admission slot, so `max_in_flight`
-counts requests however they travel; an item that fails (a bad input, no slot) fails alone, with the
-status a unary call would have had.
+for the log lines and the Triton request id (`tritongate.batching.joined_id`). Each item takes its own
+admission slot, so `max_in_flight` counts requests however they travel; an item that fails (a bad input,
+no slot) fails alone, with the status a unary call would have had, logged under its own id.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
@@ -19,12 +20,13 @@ from typing import Any, Protocol, TypeVar
 import grpc
 
 from services.common.admission import Admission
-from services.common.encoder import MAX_BATCH_IDS, EncoderModel
+from services.common.encoder import EncoderModel
 from services.common.errors import ServiceError
 from services.common.metrics import BATCHED
 from services.common.server import ModelSet
+from tritongate.batching import joined_id
 from tritongate.common.v1 import common_pb2
-from tritongate.logs import NO_REQUEST, bind_request_id
+from tritongate.logs import NO_REQUEST, REQUEST_ID, bind_request_id
 from tritongate.wire import OVERLOADED
 
 log = logging.getLogger(__name__)
@@ -76,8 +78,7 @@ async def serve_batch(models: ModelSet[M], request: Any, admission: Admission | 
 
     async def serve(name: str, positions: list[int]) -> None:
         together = [items[i] for i in positions]
-        ids = dict.fromkeys(item.context.request_id for item in together if item.context.request_id)
-        bind_request_id(",".join(ids)[:MAX_BATCH_IDS] or NO_REQUEST)  # this task's own context
+        bind_request_id(joined_id(item.context.request_id for item in together))  # this task's own context
         timeouts = [item.context.timeout_s for item in together]
         try:
             answers = await models.get(name).serve_many([item.request for item in together],
@@ -85,7 +86,11 @@ async def serve_batch(models: ModelSet[M], request: Any, admission: Admission | 
         except Exception as exc:
             answers = [exc] * len(together)
         for position, answer in zip(positions, answers, strict=True):
-            outcomes[position] = item_error(answer) if isinstance(answer, BaseException) else answer
+            if isinstance(answer, BaseException):  # logged, if at all, under the item's own id
+                own = contextvars.copy_context()
+                own.run(REQUEST_ID.set, items[position].context.request_id or NO_REQUEST)
+                answer = own.run(item_error, answer)
+            outcomes[position] = answer
 
     try:
         await asyncio.gather(*(serve(name, positions) for name, positions in by_model.items()))

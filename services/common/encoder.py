@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import math
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -24,14 +24,13 @@ from services.common.metrics import BATCH_SIZE, Stages
 from services.common.server import ServedModel
 from services.common.tokenizer import load_tokenizer
 from services.common.triton import Triton
-from tritongate.busy import ProcessBusy
+from tritongate.batching import Batches, Item
 from tritongate.config import EncoderEntry
-from tritongate.logs import NO_REQUEST, REQUEST_ID
+from tritongate.logs import REQUEST_ID
 
 # Tensor names tritongate uses; `input_config` maps them to the Triton model's names.
 STANDARD_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 DEFAULT_BATCH = 64
-MAX_BATCH_IDS = 256  # characters of the merged request ids a batched Triton call carries
 
 
 # LangChain's OpenAIEmbeddings sends tiktoken (cl100k) token ids by default, which are not the model's.
@@ -52,120 +51,55 @@ PostProcess = Callable[[np.ndarray, np.ndarray], np.ndarray]
 """(Triton output for a padded chunk, its attention mask) → one row per input."""
 
 
-@dataclass
-class _Waiting:
-    rows: Sequence[Row]
-    request_id: str
-    result: asyncio.Future[np.ndarray] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
-    left: float = 0.0  # stage timings: when the Triton call with these rows started (time.perf_counter)
+class Batcher(Batches[Sequence[Row], np.ndarray]):
+    """Continuous batching for encoder calls, as TEI and Infinity do it (tritongate/batching.py): rows
+    submitted in one turn of the event loop leave after that turn, spread over the model's idle
+    `instances`, each Triton call at most `batch_size` rows (`max_size`); while this process is busy, at
+    most `slots` calls are in flight, and what arrives meanwhile leaves together when a call ends.
 
-
-class Batcher:
-    """Continuous batching for encoder calls, as TEI and Infinity do it.
-
-    What is submitted in one turn of the event loop leaves after that turn (no timer: no added latency
-    when idle), spread over the model's idle `instances` (Triton runs one call on one instance), each
-    call at most `batch_size` rows. While this process is `busy` (tritongate/busy.py), at most `slots`
-    Triton calls are in flight: what arrives while no slot is free waits, and leaves together when a
-    call ends, so that many one-row requests cost this process few calls. With CPU to spare, every
-    turn's rows leave at once: Triton's own batcher merges the calls that queue there as soon as an
-    instance is free, where rows held here would reach it late, in smaller batches.
-
-    A call runs with REQUEST_ID set to the distinct ids of the requests it serves, joined by ","
-    (cut at MAX_BATCH_IDS characters), for its log lines and the Triton request id.
+    A call runs in its own context with REQUEST_ID set to the distinct ids of the requests it serves
+    (`tritongate.batching.joined_id`), for its log lines and the Triton request id.
     """
 
     def __init__(self, call: Callable[[list[Row]], Awaitable[np.ndarray]], batch_size: int, slots: int,
                  model: str = "", instances: int = 1, busy: Callable[[], bool] | None = None) -> None:
-        self.call = call
+        super().__init__(self._call, slots, batch_size, instances=instances, busy=busy)
+        self.infer = call
         self.model = model
-        self.batch_size = batch_size
-        self.slots = slots  # Triton calls in flight while busy
-        self.busy = busy or ProcessBusy()
-        self.instances = instances  # of the Triton model: how many calls it runs at once
-        self._waiting: deque[_Waiting] = deque()
-        self._in_flight = 0
-        self._running: dict[asyncio.Task[None], list[_Waiting]] = {}  # Triton calls and whose rows they carry
-        self._scheduled = False
+
+    def parts(self, rows: Sequence[Row]) -> list[Item[Sequence[Row], np.ndarray]]:
+        """`rows` as the items to `send`: equal parts (100 rows with batch size 64: 50 + 50, not 64 + 36),
+        at least one per instance, so that the instances share the work and finish together. Their
+        `held_s` is how long they wait here."""
+        if not rows:
+            return []
+        count = max(math.ceil(len(rows) / self.max_size), min(self.instances, len(rows)))
+        size = math.ceil(len(rows) / count)
+        return [Item(rows[i:i + size], len(rows[i:i + size])) for i in range(0, len(rows), size)]
 
     async def submit(self, rows: Sequence[Row], stages: Stages | None = None) -> np.ndarray:
-        """The call's output rows for `rows`, in order (no rows: no call, and a (0, 0) array); the time
-        they waited and the time of their call onto `stages`."""
-        if not rows:
+        """The call's output rows for `rows`, in order (no rows: no call, and a (0, 0) array); onto `stages`,
+        how long they waited (until the last of their calls left) and the time since (inference)."""
+        parts = self.parts(rows)
+        output = await self.send(parts)
+        if stages is not None and parts:
+            started = max(part.sent or part.submitted for part in parts)
+            stages.queue, stages.inference = started - parts[0].submitted, time.monotonic() - started
+        return output
+
+    async def send(self, parts: Sequence[Item[Sequence[Row], np.ndarray]]) -> np.ndarray:
+        """The output rows for `parts` (from `parts()`), in order."""
+        if not parts:
             return np.zeros((0, 0), dtype=np.float32)
-        submitted = time.perf_counter()  # stage timings
-        # Equal parts (100 rows with batch size 64: 50 + 50, not 64 + 36), at least one per instance, so
-        # that the instances share the work and finish together.
-        count = max(math.ceil(len(rows) / self.batch_size), min(self.instances, len(rows)))
-        size = math.ceil(len(rows) / count)
-        request_id = REQUEST_ID.get()
-        parts = [_Waiting(rows[i:i + size], request_id) for i in range(0, len(rows), size)]
-        self._waiting.extend(parts)
-        if not self._scheduled:  # after this turn of the loop: rows submitted in the same turn leave together
-            self._scheduled = True
-            asyncio.get_running_loop().call_soon(self._dispatch)
-        try:
-            results = [await parts[0].result] if len(parts) == 1 else \
-                await asyncio.gather(*(part.result for part in parts))
-        finally:
-            for part in parts:  # a cancelled caller's rows are skipped if they have not left yet
-                part.result.cancel()
-            self._drop_abandoned()
-        if stages is not None:  # stage timings: queued until the last of its calls started, then inference
-            started = max(part.left for part in parts)
-            stages.queue, stages.inference = started - submitted, time.perf_counter() - started
+        results = await self.run(parts)
         return results[0] if len(results) == 1 else np.concatenate(results)
 
-    def _dispatch(self) -> None:
-        self._scheduled = False
-        slots = self.slots if self.busy() else math.inf
-        while self._in_flight < slots and self._waiting:
-            # One call per idle instance (at least one call), in equal parts.
-            calls = max(1, min(slots, self.instances) - self._in_flight)
-            rows = sum(len(waiting.rows) for waiting in self._waiting)
-            limit = min(self.batch_size, math.ceil(rows / calls))
-            batch: list[_Waiting] = []
-            size = 0
-            while self._waiting and (not batch or size + len(self._waiting[0].rows) <= limit):
-                waiting = self._waiting.popleft()
-                if not waiting.result.done():
-                    batch.append(waiting)
-                    size += len(waiting.rows)
-            if batch:
-                self._in_flight += 1
-                task = asyncio.create_task(self._run(batch))
-                self._running[task] = batch
-                task.add_done_callback(lambda done: self._running.pop(done, None))
-
-    def _drop_abandoned(self) -> None:
-        """Cancel the Triton calls whose callers have all gone (deadline passed, client disconnected)."""
-        for task, batch in list(self._running.items()):
-            if all(waiting.result.cancelled() for waiting in batch):
-                task.cancel()
-
-    async def _run(self, batch: list[_Waiting]) -> None:
-        ids = dict.fromkeys(waiting.request_id for waiting in batch if waiting.request_id != NO_REQUEST)
-        REQUEST_ID.set(",".join(ids)[:MAX_BATCH_IDS] or NO_REQUEST)  # this task's own context
-        rows = [row for waiting in batch for row in waiting.rows]
+    async def _call(self, parts: list[Item[Sequence[Row], np.ndarray]]) -> list[np.ndarray]:
+        rows = [row for part in parts for row in part.payload]
         BATCH_SIZE.labels(self.model).observe(len(rows))
-        started = time.perf_counter()  # stage timings
-        for waiting in batch:
-            waiting.left = started
-        try:
-            output = await self.call(rows)
-        except Exception as exc:
-            for waiting in batch:
-                if not waiting.result.done():
-                    waiting.result.set_exception(exc)
-        else:
-            start = 0
-            for waiting in batch:
-                if not waiting.result.done():
-                    waiting.result.set_result(output[start:start + len(waiting.rows)])
-                start += len(waiting.rows)
-        finally:
-            self._in_flight -= 1
-            self._dispatch()
+        output = await self.infer(rows)
+        bounds = itertools.accumulate((part.size for part in parts), initial=0)
+        return [output[start:end] for start, end in itertools.pairwise(bounds)]
 
 
 def instance_count(triton_config: dict[str, Any]) -> int:
@@ -209,7 +143,7 @@ class EncoderModel(ServedModel):
         self.output_name = self.configured_output() or next(iter(outputs), "")
         self.output_dims = [int(d) for d in outputs.get(self.output_name, {}).get("dims", [])]
         self.batch_size = self.entry.max_batch_size or int(triton_config.get("max_batch_size") or 0) or 1
-        self.batcher.batch_size = self.batch_size
+        self.batcher.max_size = self.batch_size
         self.instances = instance_count(triton_config)
 
     async def refresh(self) -> bool:

@@ -1,21 +1,22 @@
 """Batch-while-busy at the edge (edge/coalesce.py), against a fake service: an idle request goes at once as
 a unary call; on a busy edge, requests that arrive while calls are in flight leave together in one batch
 call; an edge with CPU to spare holds nothing back; each request keeps its own id, deadline and failure;
-a caller that goes away leaves the others alone."""
+a caller that goes away leaves the others alone; a batch call runs under the ids of its requests."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import grpc
 import pytest
 
 from edge.coalesce import BatchCalls, Coalescer
-from edge.errors import OpenAIError, from_item
+from edge.errors import OpenAIError, from_grpc, from_item
 from tritongate.common.v1 import common_pb2
 from tritongate.embed.v1 import embed_pb2
-from tritongate.logs import REQUEST_ID
+from tritongate.logs import REQUEST_ID, RequestIdFilter
 from tritongate.wire import REQUEST_ID_KEY
 
 
@@ -27,7 +28,9 @@ class FakeService:
         self.release_batches = asyncio.Event()
         self.unary_calls: list[tuple[str, str]] = []  # (input, request id)
         self.batch_calls: list[list[tuple[str, str, float]]] = []  # per call: (input, request id, timeout)
+        self.batch_ids: list[str] = []  # the request id each batch call ran under
         self.cancelled = 0
+        self.fail_batches = False  # batch calls log an error and fail (INTERNAL)
 
     def answer(self, request: embed_pb2.EmbedRequest) -> embed_pb2.EmbedResponse:
         return embed_pb2.EmbedResponse(model=request.model, rows=len(request.texts.texts[0]))
@@ -40,11 +43,15 @@ class FakeService:
     async def batch(self, request: embed_pb2.EmbedBatchRequest, timeout: float) -> embed_pb2.EmbedBatchResponse:
         self.batch_calls.append([(item.request.texts.texts[0], item.context.request_id, item.context.timeout_s)
                                  for item in request.items])
+        self.batch_ids.append(REQUEST_ID.get())
         try:
             await self.release_batches.wait()
         except asyncio.CancelledError:
             self.cancelled += 1
             raise
+        if self.fail_batches:
+            logging.getLogger("test.coalesce").error("the batch call failed")
+            raise grpc.aio.AioRpcError(grpc.StatusCode.INTERNAL, grpc.aio.Metadata(), grpc.aio.Metadata(), "boom")
         results = []
         for item in request.items:
             if item.request.texts.texts[0] == "bad":
@@ -59,7 +66,7 @@ class FakeService:
 def coalescer(service: FakeService, slots: int = 1, busy: bool = True) -> Coalescer:
     calls = BatchCalls(service.unary, service.batch, embed_pb2.EmbedBatchRequest, embed_pb2.EmbedBatchItem,
                        lambda request: len(request.texts.texts),
-                       lambda exc: OpenAIError(503, "down"), lambda error: from_item(error, "embed"))
+                       lambda exc: from_grpc(exc, "embed"), lambda error: from_item(error, "embed"))
     return Coalescer(calls, timeout=30.0, slots=slots, busy=lambda: busy)
 
 
@@ -187,3 +194,40 @@ async def test_a_large_request_goes_alone_so_that_it_runs_beside_the_others() ->
     assert service.batch_calls == []  # 64 + 1 inputs are over the batch limit: two calls
     assert sorted(text for text, _ in service.unary_calls) == ["b", "large"]
     assert [result.rows for result in results] == [5, 1]
+
+
+async def test_a_batch_call_runs_under_the_ids_of_its_requests_and_each_request_records_its_hold() -> None:
+    service = FakeService()
+    coalesce = coalescer(service)
+    first = asyncio.create_task(call(coalesce, "a", "id-a"))  # its arrival schedules the first dispatch
+    await settle()
+    REQUEST_ID.set("id-b")
+    held = coalesce.item(embed_pb2.EmbedRequest(model="m", texts=embed_pb2.TextBatch(texts=["b"])))
+    others = [asyncio.create_task(coalesce.send(held)), asyncio.create_task(call(coalesce, "c", "id-c"))]
+    await settle()
+    assert held.sent is None  # held while the one slot is taken
+    service.release.set()
+    service.release_batches.set()
+    await asyncio.gather(first, *others)
+    assert service.batch_ids == ["id-b,id-c"]  # not "id-a", whose task dispatched it
+    assert held.sent is not None and held.held_s == held.sent - held.submitted >= 0
+
+
+async def test_a_failed_batch_call_is_logged_under_the_batchs_ids_and_each_failure_under_its_requests(
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.handler.addFilter(RequestIdFilter())
+    service = FakeService()
+    service.release.set()
+    service.release_batches.set()
+    service.fail_batches = True
+    coalesce = coalescer(service)
+    first = asyncio.create_task(call(coalesce, "a", "id-a"))  # alone, in a unary call
+    await asyncio.sleep(0)
+    together = [asyncio.create_task(call(coalesce, text, f"id-{text}")) for text in ("b", "c")]
+    results = await asyncio.gather(first, *together, return_exceptions=True)
+    assert [[text for text, _, _ in batch] for batch in service.batch_calls] == [["b", "c"]]
+    assert results[0].rows == 1  # type: ignore[union-attr]
+    assert all(isinstance(r, OpenAIError) and r.status == 500 for r in results[1:]) and results[1] is not results[2]
+    assert sorted((record.getMessage(), record.request_id) for record in caplog.records) == [
+        ("embed service failed: INTERNAL boom", "id-b"), ("embed service failed: INTERNAL boom", "id-c"),
+        ("the batch call failed", "id-b,id-c")]

@@ -12,7 +12,8 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from services.common.encoder import MAX_BATCH_IDS, Batcher, Row
+from services.common.encoder import Batcher, Row
+from tritongate.batching import MAX_BATCH_IDS
 from tritongate.logs import REQUEST_ID, RequestIdFilter, configure_logging, formatter, sane_request_id
 
 

@@ -43,7 +43,8 @@ class Clock:
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[Clock]:
     fake = Clock()
-    monkeypatch.setattr(time, "perf_counter", fake)
+    monkeypatch.setattr(time, "perf_counter", fake)  # the services' tokenization
+    monkeypatch.setattr(time, "monotonic", fake)  # the batching's hold and queue (and the loop's clock: no timers)
     yield fake
 
 
