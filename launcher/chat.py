@@ -32,7 +32,8 @@ class Conversation:
 
 
 def default_model(client: openai.OpenAI) -> str:
-    """The first model that generates (tritongate marks them `allow_sampling`), else the first listed."""
+    """The first model that generates (tritongate marks them `allow_sampling`), else the first listed: the
+    server's default LLM, which tritongate lists first (TRITONGATE_DEFAULT_LLM, docs/configuration.md)."""
     models = list(client.models.list())
     if not models:
         raise SystemExit("tritongate chat: the server lists no models")
