@@ -327,8 +327,9 @@ def test_failover_sigkill_then_sigterm_with_a_third_replica(cluster: Cluster, tw
     print(f"third replica got traffic {found:.1f} s after SERVING; SIGTERM {b.host} with {in_flight} in flight: "
           f"{load.sent} requests, {len(load.failures)} failed; finished while draining: {finished}")
     assert load.failures == [], load.failures[:5]
-    assert in_flight >= 1
-    assert set(finished) == {"OK"} and finished["OK"] >= in_flight
+    # Draining finished every RPC in flight at SIGTERM, and at least one: the request seen in flight may end
+    # before the service handles the signal, and then one that arrived meanwhile is what drains.
+    assert set(finished) == {"OK"} and finished["OK"] >= max(in_flight, 1)
     assert killed_phase > 0 and load.ok > 50
 
 
