@@ -1,6 +1,6 @@
-"""What chat and completions share: the request fields and their rules, their sampling (the generation
-input's, edge/endpoints/generation.py), and the `Shape` each endpoint gives its responses and stream chunks (the
-one generation path, edge/streaming.py, builds both endpoints' answers through it)."""
+"""What chat and completions share: the request fields and their rules, their `Sampling` (of the one
+generation input, edge/endpoints/generation.py), and the `Shape` each endpoint gives its responses and
+stream chunks (the one generation path, edge/streaming.py, builds both endpoints' answers through it)."""
 
 from __future__ import annotations
 
