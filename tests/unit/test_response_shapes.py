@@ -23,7 +23,7 @@ from pydantic import BaseModel, TypeAdapter
 import edge.endpoints
 from edge.endpoints import chat, completions, embeddings, interactive, models, rerank, responses, tokenize
 from edge.endpoints.common import ResponseModel
-from edge.endpoints.llm_common import Collected
+from edge.endpoints.llm_common import Collected, Shape
 from edge.errors import OpenAIError
 from edge.state import Limits
 from edge.state.memory import MemoryStore
@@ -120,6 +120,16 @@ def sse_payloads(events: Iterable[bytes]) -> list[tuple[str | None, Any]]:
     return [(event.name, json.loads(event.data)) for event in parsed]
 
 
+def chunk_cases(name: str, shape: Shape, generation: Generation, model: type[ResponseModel],
+                openai: str | Callable[[Any], None]) -> Iterator[Case]:
+    """The stream chunks `shape` gives `generation`, without and with the usage chunk."""
+    for include_usage in (False, True):
+        framing = ChunkFraming(shape, {**HEAD, "object": shape.object}, include_usage)
+        for i, (event, payload) in enumerate(sse_payloads(framed(framing, generation))):
+            assert event is None
+            yield Case(f"{name}{' include_usage' if include_usage else ''}: chunk {i}", model, payload, openai)
+
+
 def chat_cases() -> Iterator[Case]:
     variants = [(g, False, False) for g in GENERATIONS] + [(g, True, False) for g in WITH_LOGPROBS] + \
                [(g, False, legacy) for g in WITH_CALLS for legacy in (False, True)]
@@ -128,12 +138,7 @@ def chat_cases() -> Iterator[Case]:
         name = f"chat {generation.name}{' legacy functions' if legacy else ''}"
         yield Case(f"{name}: response", chat.ChatCompletion, shape.response(HEAD, collected(generation), USAGE),
                    "CreateChatCompletionResponse")
-        for include_usage in (False, True):
-            framing = ChunkFraming(shape, {**HEAD, "object": shape.object}, include_usage)
-            for i, (event, payload) in enumerate(sse_payloads(framed(framing, generation))):
-                assert event is None
-                yield Case(f"{name}{' include_usage' if include_usage else ''}: chunk {i}", chat.ChatCompletionChunk,
-                           payload, "CreateChatCompletionStreamResponse")
+        yield from chunk_cases(name, shape, generation, chat.ChatCompletionChunk, "CreateChatCompletionStreamResponse")
 
 
 def completion_cases() -> Iterator[Case]:
@@ -142,12 +147,7 @@ def completion_cases() -> Iterator[Case]:
         name = f"completion {generation.name}"
         yield Case(f"{name}: response", completions.Completion, shape.response(HEAD, collected(generation), USAGE),
                    "CreateCompletionResponse")
-        for include_usage in (False, True):
-            framing = ChunkFraming(shape, {**HEAD, "object": shape.object}, include_usage)
-            for i, (event, payload) in enumerate(sse_payloads(framed(framing, generation))):
-                assert event is None
-                yield Case(f"{name}{' include_usage' if include_usage else ''}: chunk {i}", completions.Completion,
-                           payload, validate_completion_chunk)
+        yield from chunk_cases(name, shape, generation, completions.Completion, validate_completion_chunk)
 
 
 RESPONSE_REQUESTS = {
