@@ -17,6 +17,7 @@ from edge.state.base import redacted
 from edge.state.memory import MemoryStore
 from edge.state.redis import RedisStore
 from edge.state.sqlite import SqliteStore
+from tests.support.clock import Clock
 from tests.support.ports import free_port
 from tests.support.redis_server import RedisServer
 
@@ -34,17 +35,9 @@ def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return server.url
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
 def clock() -> Clock:
-    return Clock()
+    return Clock(1_000_000.0)
 
 
 @pytest.fixture

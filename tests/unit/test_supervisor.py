@@ -13,14 +13,7 @@ from typing import Any
 import pytest
 
 from launcher.supervisor import CannotStart, RestartPolicy, Supervisor
-
-
-@dataclass
-class Clock:
-    now: float = 0.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support.clock import Clock
 
 
 @dataclass

@@ -24,25 +24,16 @@ from edge.errors import OpenAIError
 from edge.telemetry import STAGE_LATENCY, Exchange, HttpMetrics, server_timing
 from services.common.encoder import Batcher, EncoderModel, Row
 from services.common.metrics import Stages
+from tests.support.clock import Clock
 from tests.unit.test_llm_model import VLLM, chat, generate, model, serving, vllm_steps
 from tritongate.common.v1 import common_pb2
 from tritongate.embed.v1 import embed_pb2
 from tritongate.logs import formatter
 
 
-class Clock:
-    """Stands in for time.perf_counter: moves only when told."""
-
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[Clock]:
-    fake = Clock()
+    fake = Clock(100.0)
     monkeypatch.setattr(time, "perf_counter", fake)  # the services' tokenization
     monkeypatch.setattr(time, "monotonic", fake)  # the batching's hold and queue (and the loop's clock: no timers)
     yield fake
