@@ -76,6 +76,10 @@ class ModelCard(_message.Message):
     MAX_MODEL_LEN_FIELD_NUMBER: _builtins.int
     TRITON_MODEL_FIELD_NUMBER: _builtins.int
     DIMENSIONS_FIELD_NUMBER: _builtins.int
+    PARENT_FIELD_NUMBER: _builtins.int
+    IMAGE_INPUT_FIELD_NUMBER: _builtins.int
+    REASONING_FIELD_NUMBER: _builtins.int
+    MAX_BEAMS_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     """Public model id, the `model` field of OpenAI requests."""
     kind: Global___ModelKind.ValueType
@@ -88,6 +92,14 @@ class ModelCard(_message.Message):
     """Name of the model inside Triton."""
     dimensions: _builtins.int
     """Width of the model's vectors (embedding models; 0 otherwise)."""
+    parent: _builtins.str
+    """For a LoRA adapter: the id of the base model it runs on ("" for a base model)."""
+    image_input: _builtins.bool
+    """Whether the model takes image input (`image_url` content parts)."""
+    reasoning: _builtins.bool
+    """Whether the model reasons (its thinking is parsed out of the text into `reasoning_content`)."""
+    max_beams: _builtins.int
+    """Most beams of beam search (`num_beams`); 0 when the backend has no beam search."""
     def __init__(
         self,
         *,
@@ -97,10 +109,14 @@ class ModelCard(_message.Message):
         max_model_len: _builtins.int = ...,
         triton_model: _builtins.str = ...,
         dimensions: _builtins.int = ...,
+        parent: _builtins.str = ...,
+        image_input: _builtins.bool = ...,
+        reasoning: _builtins.bool = ...,
+        max_beams: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["created", b"created", "dimensions", b"dimensions", "id", b"id", "kind", b"kind", "max_model_len", b"max_model_len", "triton_model", b"triton_model"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created", b"created", "dimensions", b"dimensions", "id", b"id", "image_input", b"image_input", "kind", b"kind", "max_beams", b"max_beams", "max_model_len", b"max_model_len", "parent", b"parent", "reasoning", b"reasoning", "triton_model", b"triton_model"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -139,22 +155,26 @@ class Usage(_message.Message):
     PROMPT_TOKENS_FIELD_NUMBER: _builtins.int
     COMPLETION_TOKENS_FIELD_NUMBER: _builtins.int
     TOTAL_TOKENS_FIELD_NUMBER: _builtins.int
+    REASONING_TOKENS_FIELD_NUMBER: _builtins.int
     prompt_tokens: _builtins.int
     """Tokens in the input (prompt, texts, or query and documents)."""
     completion_tokens: _builtins.int
     """Tokens the model generated."""
     total_tokens: _builtins.int
     """prompt_tokens + completion_tokens."""
+    reasoning_tokens: _builtins.int
+    """Of completion_tokens, those spent on reasoning (thinking)."""
     def __init__(
         self,
         *,
         prompt_tokens: _builtins.int = ...,
         completion_tokens: _builtins.int = ...,
         total_tokens: _builtins.int = ...,
+        reasoning_tokens: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["completion_tokens", b"completion_tokens", "prompt_tokens", b"prompt_tokens", "total_tokens", b"total_tokens"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["completion_tokens", b"completion_tokens", "prompt_tokens", b"prompt_tokens", "reasoning_tokens", b"reasoning_tokens", "total_tokens", b"total_tokens"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -51,8 +51,34 @@ class ToolCall(_message.Message):
 Global___ToolCall: _TypeAlias = ToolCall  # noqa: Y015
 
 @_typing.final
+class Image(_message.Message):
+    """An image a chat message carries, already fetched and checked by the edge."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DATA_FIELD_NUMBER: _builtins.int
+    MIME_TYPE_FIELD_NUMBER: _builtins.int
+    data: _builtins.bytes
+    """The image file's bytes (PNG, JPEG, GIF or WebP)."""
+    mime_type: _builtins.str
+    """Its media type, sniffed from the bytes ("image/png", ...)."""
+    def __init__(
+        self,
+        *,
+        data: _builtins.bytes = ...,
+        mime_type: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "mime_type", b"mime_type"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Image: _TypeAlias = Image  # noqa: Y015
+
+@_typing.final
 class ChatMessage(_message.Message):
-    """One chat message, its content already flattened to text."""
+    """One chat message, its text content already flattened to text."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -61,6 +87,8 @@ class ChatMessage(_message.Message):
     NAME_FIELD_NUMBER: _builtins.int
     TOOL_CALLS_FIELD_NUMBER: _builtins.int
     TOOL_CALL_ID_FIELD_NUMBER: _builtins.int
+    IMAGES_FIELD_NUMBER: _builtins.int
+    REASONING_FIELD_NUMBER: _builtins.int
     role: _builtins.str
     """"system", "user", "assistant" or "tool"."""
     content: _builtins.str
@@ -69,9 +97,15 @@ class ChatMessage(_message.Message):
     """Optional participant name."""
     tool_call_id: _builtins.str
     """The call a `tool` message answers."""
+    reasoning: _builtins.str
+    """An assistant message's reasoning (thinking), replayed to templates that show it."""
     @_builtins.property
     def tool_calls(self) -> _containers.RepeatedCompositeFieldContainer[Global___ToolCall]:
         """The calls an assistant message made."""
+
+    @_builtins.property
+    def images(self) -> _containers.RepeatedCompositeFieldContainer[Global___Image]:
+        """Images of a user message, in the order they came (the chat template places them before the text)."""
 
     def __init__(
         self,
@@ -81,10 +115,12 @@ class ChatMessage(_message.Message):
         name: _builtins.str = ...,
         tool_calls: _abc.Iterable[Global___ToolCall] | None = ...,
         tool_call_id: _builtins.str = ...,
+        images: _abc.Iterable[Global___Image] | None = ...,
+        reasoning: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "name", b"name", "role", b"role", "tool_call_id", b"tool_call_id", "tool_calls", b"tool_calls"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "images", b"images", "name", b"name", "reasoning", b"reasoning", "role", b"role", "tool_call_id", b"tool_call_id", "tool_calls", b"tool_calls"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -329,6 +365,7 @@ class GenerateRequest(_message.Message):
     SKIP_SPECIAL_TOKENS_FIELD_NUMBER: _builtins.int
     CHAT_TEMPLATE_KWARGS_FIELD_NUMBER: _builtins.int
     GUIDE_FIELD_NUMBER: _builtins.int
+    BEAM_WIDTH_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     """Public model id."""
     n: _builtins.int
@@ -367,6 +404,10 @@ class GenerateRequest(_message.Message):
     """Keep the stop string that ended a completion at the end of its text."""
     skip_special_tokens: _builtins.bool
     """false decodes special tokens into the text too. Unset: they are skipped."""
+    beam_width: _builtins.int
+    """Beam search with this many beams (`num_beams`); 0 or 1: sampling or greedy. The `n` best beams are
+    returned as the completions of each prompt.
+    """
     @_builtins.property
     def prompts(self) -> Global___Prompts:
         """One or more prompts (completions)."""
@@ -419,10 +460,11 @@ class GenerateRequest(_message.Message):
         skip_special_tokens: _builtins.bool | None = ...,
         chat_template_kwargs: _struct_pb2.Struct | None = ...,
         guide: Global___Guide | None = ...,
+        beam_width: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_do_sample", b"_do_sample", "_frequency_penalty", b"_frequency_penalty", "_max_tokens", b"_max_tokens", "_min_p", b"_min_p", "_min_tokens", b"_min_tokens", "_presence_penalty", b"_presence_penalty", "_repetition_penalty", b"_repetition_penalty", "_seed", b"_seed", "_skip_special_tokens", b"_skip_special_tokens", "_temperature", b"_temperature", "_top_k", b"_top_k", "_top_p", b"_top_p", "chat", b"chat", "chat_template_kwargs", b"chat_template_kwargs", "do_sample", b"do_sample", "frequency_penalty", b"frequency_penalty", "guide", b"guide", "input", b"input", "max_tokens", b"max_tokens", "min_p", b"min_p", "min_tokens", b"min_tokens", "presence_penalty", b"presence_penalty", "prompts", b"prompts", "repetition_penalty", b"repetition_penalty", "seed", b"seed", "skip_special_tokens", b"skip_special_tokens", "temperature", b"temperature", "top_k", b"top_k", "top_p", b"top_p"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_do_sample", b"_do_sample", "_frequency_penalty", b"_frequency_penalty", "_max_tokens", b"_max_tokens", "_min_p", b"_min_p", "_min_tokens", b"_min_tokens", "_presence_penalty", b"_presence_penalty", "_repetition_penalty", b"_repetition_penalty", "_seed", b"_seed", "_skip_special_tokens", b"_skip_special_tokens", "_temperature", b"_temperature", "_top_k", b"_top_k", "_top_p", b"_top_p", "chat", b"chat", "chat_template_kwargs", b"chat_template_kwargs", "do_sample", b"do_sample", "echo", b"echo", "frequency_penalty", b"frequency_penalty", "guide", b"guide", "ignore_eos", b"ignore_eos", "include_stop_str_in_output", b"include_stop_str_in_output", "input", b"input", "logit_bias", b"logit_bias", "logprobs", b"logprobs", "max_tokens", b"max_tokens", "min_p", b"min_p", "min_tokens", b"min_tokens", "model", b"model", "n", b"n", "presence_penalty", b"presence_penalty", "prompts", b"prompts", "repetition_penalty", b"repetition_penalty", "seed", b"seed", "skip_special_tokens", b"skip_special_tokens", "stop", b"stop", "temperature", b"temperature", "top_k", b"top_k", "top_logprobs", b"top_logprobs", "top_p", b"top_p"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_do_sample", b"_do_sample", "_frequency_penalty", b"_frequency_penalty", "_max_tokens", b"_max_tokens", "_min_p", b"_min_p", "_min_tokens", b"_min_tokens", "_presence_penalty", b"_presence_penalty", "_repetition_penalty", b"_repetition_penalty", "_seed", b"_seed", "_skip_special_tokens", b"_skip_special_tokens", "_temperature", b"_temperature", "_top_k", b"_top_k", "_top_p", b"_top_p", "beam_width", b"beam_width", "chat", b"chat", "chat_template_kwargs", b"chat_template_kwargs", "do_sample", b"do_sample", "echo", b"echo", "frequency_penalty", b"frequency_penalty", "guide", b"guide", "ignore_eos", b"ignore_eos", "include_stop_str_in_output", b"include_stop_str_in_output", "input", b"input", "logit_bias", b"logit_bias", "logprobs", b"logprobs", "max_tokens", b"max_tokens", "min_p", b"min_p", "min_tokens", b"min_tokens", "model", b"model", "n", b"n", "presence_penalty", b"presence_penalty", "prompts", b"prompts", "repetition_penalty", b"repetition_penalty", "seed", b"seed", "skip_special_tokens", b"skip_special_tokens", "stop", b"stop", "temperature", b"temperature", "top_k", b"top_k", "top_logprobs", b"top_logprobs", "top_p", b"top_p"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__do_sample: _TypeAlias = _typing.Literal["do_sample"]  # noqa: Y015
     _WhichOneofArgType__do_sample: _TypeAlias = _typing.Literal["_do_sample", b"_do_sample"]  # noqa: Y015
@@ -586,12 +628,15 @@ class Delta(_message.Message):
     FINISH_REASON_FIELD_NUMBER: _builtins.int
     LOGPROBS_FIELD_NUMBER: _builtins.int
     TOOL_CALLS_FIELD_NUMBER: _builtins.int
+    REASONING_FIELD_NUMBER: _builtins.int
     index: _builtins.int
     """Which completion (0 .. choices-1) this increment belongs to."""
     text: _builtins.str
     """Text produced since the previous increment of this completion (whole characters only)."""
     finish_reason: _builtins.str
     """Empty while generating; "stop", "length" or "tool_calls" on the completion's last increment."""
+    reasoning: _builtins.str
+    """The model's reasoning (thinking) produced since the previous increment (never in `text`)."""
     @_builtins.property
     def logprobs(self) -> _containers.RepeatedCompositeFieldContainer[Global___TokenLogprob]:
         """Log probabilities of the tokens behind `text`, when requested."""
@@ -608,10 +653,11 @@ class Delta(_message.Message):
         finish_reason: _builtins.str = ...,
         logprobs: _abc.Iterable[Global___TokenLogprob] | None = ...,
         tool_calls: _abc.Iterable[Global___ToolCallDelta] | None = ...,
+        reasoning: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["finish_reason", b"finish_reason", "index", b"index", "logprobs", b"logprobs", "text", b"text", "tool_calls", b"tool_calls"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["finish_reason", b"finish_reason", "index", b"index", "logprobs", b"logprobs", "reasoning", b"reasoning", "text", b"text", "tool_calls", b"tool_calls"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
