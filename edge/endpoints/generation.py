@@ -15,7 +15,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from edge.endpoints.common import ParamError
 from tritongate.llm.v1 import llm_pb2
 
 INT64_LIMIT = 2**63  # seeds from 2^63 to 2^64 - 1 (OpenAI allows them) travel as their int64 bit pattern
@@ -79,11 +78,6 @@ class GenerationInput:
     top_logprobs: int = 0
     echo: bool = False  # completions: the prompt before the completion
     names: Mapping[str, str] = field(default_factory=dict)  # GenerateRequest field → the client's parameter
-
-    def __post_init__(self) -> None:
-        if self.guide is not None and self.choice.mode in ("required", "function"):
-            raise ParamError(f"'{self.param('response_format')}' cannot be combined with a "
-                             f"'{self.param('tool_choice')}' that forces a call", self.param("response_format"))
 
     def param(self, name: str) -> str:
         """What the client calls the generation parameter `name`."""

@@ -185,6 +185,8 @@ class LanguageModel(ServedModel):
         await self.ensure_ready()  # the backend and its knobs are known from here on
         base, stops = sampling(request, self.policy)
         tools = plan(request.chat, self.tool_family, self.policy) if request.HasField("chat") else ToolPlan()
+        # A turn that forces a call is held to the call's grammar; the output format (`response_format`) is
+        # for the answer after the tool's result, as OpenAI treats the pair (the Agents SDK sends both).
         base.guide = tools.guide or base.guide
         guide_param = tools.param or "response_format"
         limits = [max_new_tokens(request, self.policy, len(ids), prompts.param) for ids in prompts.ids]
@@ -199,7 +201,7 @@ class LanguageModel(ServedModel):
                                         **self.completion_options(base))
                 completions.append(completion)
                 choice = for_choice(base, limits[p], seeds[j], request_id, index)
-                parser = tools.parser() if tools.parser and not request.HasField("guide") else None
+                parser = tools.parser() if tools.parser and (tools.guide or not request.HasField("guide")) else None
                 streams.append(self._run(completion, ids, text, choice, timeout, parser, guide_param))
         log.debug("%d prompt tokens, %d choices", prompts.tokens, len(completions))
         yield llm_pb2.GenerateResponse(accepted=llm_pb2.Accepted(prompt_tokens=prompts.tokens,

@@ -286,3 +286,69 @@ def test_langchain_bind_tools_and_with_structured_output(demo_client: openai.Ope
     assert message.tool_calls[0]["args"]["city"] in ("Paris", "Rome", "Berlin")  # type: ignore[attr-defined]
     city = llm.with_structured_output(City).invoke("Which city is the capital of France?")
     assert isinstance(city, City)
+
+
+class Weather(BaseModel):
+    city: Literal["Paris", "Rome", "Berlin"]
+    sunny: bool
+
+
+WEATHER_FORMAT: Any = {"type": "json_schema", "json_schema": {"name": "Weather", "strict": True,
+                                                              "schema": Weather.model_json_schema()}}
+
+
+@pytest.mark.parametrize("model", GUIDED)
+def test_a_forced_call_with_a_format_calls_then_answers_in_the_format(demo_client: openai.OpenAI, model: str) -> None:
+    """The Agents SDK's pair: the forced turn is the call (the format does not bend it), the answer after the
+    tool's result follows the format."""
+    first = demo_client.chat.completions.create(model=model, messages=WEATHER_QUESTION, tools=TOOLS,
+                                                tool_choice=NAMED, response_format=WEATHER_FORMAT, **GREEDY)
+    assert first.choices[0].finish_reason == "tool_calls" and not first.choices[0].message.content
+    call = (first.choices[0].message.tool_calls or [])[0]
+    check_calls([call], {"get_weather"})
+    messages: Any = [*WEATHER_QUESTION, {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+                     {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 21, "sky": "sunny"}'}]
+    second = demo_client.chat.completions.create(model=model, messages=messages, tools=TOOLS,
+                                                 response_format=WEATHER_FORMAT, temperature=0, max_tokens=40)
+    assert second.choices[0].finish_reason == "stop" and not second.choices[0].message.tool_calls
+    Weather.model_validate_json(second.choices[0].message.content or "")
+
+
+def test_responses_a_forced_call_with_a_format(demo_client: openai.OpenAI) -> None:
+    text_format: Any = {"format": {"type": "json_schema", "name": "Weather", "strict": True,
+                                   "schema": Weather.model_json_schema()}}
+    first = demo_client.responses.create(model=GUIDED[0], text=text_format, **WEATHER_REQUEST)
+    assert [item.type for item in first.output] == ["function_call"]
+    check_call_item(first.output[0].model_dump(mode="json"))
+    result = {"type": "function_call_output", "call_id": first.output[0].call_id,  # type: ignore[union-attr]
+              "output": '{"temperature": 21, "sky": "sunny"}'}
+    second = demo_client.responses.create(model=GUIDED[0], input=[result], previous_response_id=first.id,
+                                          tools=RESPONSE_TOOLS, text=text_format, temperature=0, max_output_tokens=40)
+    assert second.status == "completed"
+    Weather.model_validate_json(second.output_text)
+
+
+@pytest.mark.parametrize("api", ["responses", "chat_completions"])
+def test_the_agents_sdk_forces_a_tool_then_returns_its_output_type(demo_client: openai.OpenAI, api: str) -> None:
+    """The OpenAI Agents SDK as an agent runs it: `tool_choice` forcing the tool together with the
+    `output_type`'s format on the first turn, the tool's result, then the typed final answer."""
+    import agents
+
+    agents.set_tracing_disabled(True)  # its traces would go to OpenAI's servers
+    sdk_client = openai.AsyncOpenAI(base_url=str(demo_client.base_url), api_key="unused", max_retries=0, timeout=300)
+    model: agents.Model = (agents.OpenAIResponsesModel(GUIDED[0], sdk_client) if api == "responses"
+                           else agents.OpenAIChatCompletionsModel(GUIDED[0], sdk_client))
+    asked: list[str] = []
+
+    @agents.function_tool
+    def get_weather(city: Literal["Paris", "Rome", "Berlin"]) -> str:
+        """The weather in a city."""
+        asked.append(city)
+        return f"It is sunny in {city}."
+
+    agent = agents.Agent(name="weather", instructions="Answer with the weather.", tools=[get_weather], model=model,
+                         output_type=Weather, model_settings=agents.ModelSettings(
+                             tool_choice="get_weather", temperature=0, max_tokens=40))
+    result = agents.Runner.run_sync(agent, "What is the weather like in Paris today?", max_turns=3)
+    assert asked and asked[0] in ("Paris", "Rome", "Berlin")
+    assert isinstance(result.final_output, Weather)

@@ -3,10 +3,7 @@ the GenerateRequest it becomes."""
 
 from __future__ import annotations
 
-import pytest
-
 from edge.endpoints import interactive, responses
-from edge.endpoints.common import ParamError
 from edge.endpoints.generation import GenerationInput, Sampling
 from tritongate.llm.v1 import llm_pb2
 
@@ -14,16 +11,16 @@ TOOL = llm_pb2.Tool(name="f")
 FORCED = llm_pb2.ToolChoice(mode="required")
 
 
-def test_a_format_with_a_forced_call_is_refused_under_the_front_ends_names() -> None:
-    with pytest.raises(ParamError) as chat:
-        GenerationInput(model="m", sampling=Sampling(), tools=[TOOL], tool_choice=FORCED,
-                        guide=llm_pb2.Guide(json_object=True))
-    assert chat.value.param == "response_format"
-    with pytest.raises(ParamError) as answer:
-        responses.generation_input(responses.ResponseRequest.model_validate({
-            "model": "m", "input": "hi", "tools": [{"type": "function", "name": "f"}], "tool_choice": "required",
-            "text": {"format": {"type": "json_object"}}}), [])
-    assert answer.value.param == "text.format" and "'text.format'" in answer.value.message
+def test_a_forced_call_and_a_format_travel_together() -> None:
+    """The Agents SDK's pattern: the forced turn is held to the call's grammar by the service, the format
+    is for the answer after the tool's result; both reach the service."""
+    proto = GenerationInput(model="m", sampling=Sampling(), tools=[TOOL], tool_choice=FORCED,
+                            guide=llm_pb2.Guide(json_object=True)).proto()
+    assert proto.chat.tool_choice.mode == "required" and proto.guide.json_object
+    answer = responses.generation_input(responses.ResponseRequest.model_validate({
+        "model": "m", "input": "hi", "tools": [{"type": "function", "name": "f"}], "tool_choice": "required",
+        "text": {"format": {"type": "json_object"}}}), []).proto()
+    assert answer.chat.tool_choice.mode == "required" and answer.guide.json_object
 
 
 def test_sampling_leaves_unset_fields_to_the_model_and_carries_large_seeds_as_int64() -> None:
