@@ -215,8 +215,8 @@ class TritonModelEntry(_Section):
 
 
 class LoraAdapter(_Section):
-    """A LoRA adapter served over an LLM (`llm[].lora_adapters`, by public id): each backend takes its own
-    field."""
+    """A LoRA adapter served over an LLM (`llm[].lora_adapters`, by public id): each backend reads its own
+    fields (`{}` is a vLLM adapter named as its id)."""
 
     path: str | None = Field(
         None, description="tensorrt_llm / tensorrt_llm_text: the folder of `model.lora_weights.npy` and "
@@ -228,11 +228,6 @@ class LoraAdapter(_Section):
     lora_name: str | None = Field(None, description="vllm: the adapter's name in the backend's `multi_lora.json`; "
                                   "default: the adapter's id")
 
-    @model_validator(mode="after")
-    def _names_the_adapter(self) -> LoraAdapter:
-        if self.path is None and self.task_id is None and self.lora_name is None:
-            raise ValueError("an adapter needs `path` or `task_id` (TensorRT-LLM), or `lora_name` (vLLM)")
-        return self
 
 
 class LlmModel(TritonModelEntry):
