@@ -214,6 +214,22 @@ class TritonModelEntry(_Section):
         return ",".join(str(address) for address in self.triton_addresses)
 
 
+class LoraAdapter(_Section):
+    """A LoRA adapter served over an LLM (`llm[].lora_adapters`, by public id): each backend reads its own
+    fields (`{}` is a vLLM adapter named as its id)."""
+
+    path: str | None = Field(
+        None, description="tensorrt_llm / tensorrt_llm_text: the folder of `model.lora_weights.npy` and "
+        "`model.lora_config.npy` (TensorRT-LLM's hf_lora_convert.py output), sent the first time; none: the "
+        "backend has the adapter already (its `lora_prefetch_dir`)")
+    task_id: Annotated[int, Field(gt=0, lt=2**64)] | None = Field(
+        None, description="tensorrt_llm / tensorrt_llm_text: the adapter's `lora_task_id`; default: derived from "
+        "`path`")
+    lora_name: str | None = Field(None, description="vllm: the adapter's name in the backend's `multi_lora.json`; "
+                                  "default: the adapter's id")
+
+
+
 class LlmModel(TritonModelEntry):
     """A chat/completions model (Denglin: `llm[]`)."""
 
@@ -227,6 +243,10 @@ class LlmModel(TritonModelEntry):
         "default: its `accumulate_tokens` parameter"
     )
     lora_name: str | None = Field(None, description="vllm: the LoRA adapter every request of this model uses")
+    lora_adapters: dict[Annotated[str, Field(min_length=1)], LoraAdapter] = Field(
+        default_factory=dict, description="LoRA adapters over this model, by public model id")
+    lora_separator: Annotated[str, Field(min_length=1)] | None = Field(
+        None, description="Also serve each adapter as `<name><separator><adapter>` (Triton's OpenAI frontend)")
     tool_parser: Literal["hermes", "llama3_json", "mistral"] | None = Field(
         None, description="How the model writes tool calls; default: detected from its chat template (Hermes when "
         "the template shows no tool markup)"
@@ -246,6 +266,14 @@ class LlmModel(TritonModelEntry):
     max_completion_tokens: Annotated[int, Field(gt=0)] | None = Field(
         None, description="Most tokens one completion may generate (`max_tokens`); default: the rest of the context"
     )
+
+    def adapter_ids(self) -> dict[str, str]:
+        """Every model id that names one of the adapters → the adapter: its own id and, with a separator,
+        `<name><separator><adapter>`."""
+        ids = {adapter: adapter for adapter in self.lora_adapters}
+        if self.lora_separator:
+            ids.update({f"{self.name}{self.lora_separator}{adapter}": adapter for adapter in self.lora_adapters})
+        return ids
 
 
 Pooling = Literal["auto", "cls", "mean", "none"]
@@ -307,6 +335,12 @@ class ModelConfig(_Section):
                         f"$.{section}[{i}].name: model id {entry.name!r} is already used at {seen[entry.name]}"
                     )
                 seen[entry.name] = f"$.{section}[{i}].name"
+        for i, llm in enumerate(self.llm):  # adapters are models too: their ids may clash with no other
+            for model_id, adapter in llm.adapter_ids().items():
+                if model_id in seen:
+                    raise ValueError(f"$.llm[{i}].lora_adapters.{adapter}: model id {model_id!r} is already used "
+                                     f"at {seen[model_id]}")
+                seen[model_id] = f"$.llm[{i}].lora_adapters.{adapter}"
         return self
 
     def model_info(self, name: str) -> ModelInfo:
@@ -378,6 +412,9 @@ def _resolve_paths(config: ModelConfig, base: Path) -> None:
     for entry in entries:
         entry.path = expand_path(entry.path, base)
     for llm in config.llm:
+        for adapter in llm.lora_adapters.values():
+            if adapter.path:
+                adapter.path = expand_path(adapter.path, base)
         if llm.chat_template:
             # Denglin's openai_api names the template file relative to the config file; else the model folder.
             candidate = Path(expand_path(llm.chat_template, base))

@@ -1,5 +1,6 @@
 """GET /v1/models and /v1/models/{id}: OpenAI's Model object plus the `root`, `parent`, `permission`
-and `max_model_len` that Denglin's openai_api (and vLLM) add."""
+and `max_model_len` that Denglin's openai_api (and vLLM) add; a LoRA adapter is a model of its own whose
+`parent` is its base model, as vLLM lists them."""
 
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ def model_object(card: common_pb2.ModelCard) -> dict[str, Any]:
         "created": card.created,
         "owned_by": "tritongate",
         "root": card.id,
-        "parent": None,
+        "parent": card.parent or None,  # a LoRA adapter's base model
         "max_model_len": card.max_model_len or None,
         "permission": [{
             "id": f"modelperm-{card.id}",

@@ -62,6 +62,11 @@ class ServedModel:
         return common_pb2.ModelCard(id=self.name, kind=self.kind, created=self.created,
                                     triton_model=self.triton_name)
 
+    def cards(self) -> list[common_pb2.ModelCard]:
+        """Every model id this model answers to: its own card, then those of its variants (LoRA adapters,
+        whose `parent` is this model)."""
+        return [self.card()]
+
     async def refresh(self) -> bool:
         """Follow the Triton model's readiness on each endpoint: ready while one endpoint has it ready. Read
         its configuration (from a ready endpoint) each time it becomes ready."""
@@ -95,14 +100,15 @@ M = TypeVar("M", bound=ServedModel)
 
 
 class ModelSet(Generic[M]):
-    """The models one service serves, by public id."""
+    """The models one service serves, by public id (a LoRA adapter's id finds the model it runs on)."""
 
     def __init__(self, models: Iterable[M]) -> None:
         self._models = {model.name: model for model in models}
+        self._ids = {card.id: model for model in self._models.values() for card in model.cards()}
 
     def get(self, name: str) -> M:
         try:
-            return self._models[name]
+            return self._ids[name]
         except KeyError:
             raise model_not_found(name) from None
 
@@ -113,7 +119,7 @@ class ModelSet(Generic[M]):
         return list(self._models)
 
     def list_models(self) -> common_pb2.ListModelsResponse:
-        return common_pb2.ListModelsResponse(models=[model.card() for model in self])
+        return common_pb2.ListModelsResponse(models=[card for model in self for card in model.cards()])
 
     async def refresh(self) -> bool:
         results = await asyncio.gather(*(model.refresh() for model in self), return_exceptions=True)

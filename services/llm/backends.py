@@ -14,6 +14,8 @@ from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from services.llm.lora import Adapter
+
 # Sampling features a request may need and a backend may lack.
 Knob = Literal[
     "presence_penalty", "frequency_penalty", "logprobs", "bad_words", "stop_words", "seed", "top_k",
@@ -23,6 +25,7 @@ Knob = Literal[
     "top_logprobs",  # the most likely alternatives at each position
     "special_tokens",  # special tokens decoded into the text (skip_special_tokens: false)
     "guided_decoding",  # output constrained to a JSON Schema (response_format, tool_choice)
+    "lora",  # LoRA adapters (services/llm/lora.py)
 ]
 
 # Finish reasons a backend may report; without one the service decides from the token count.
@@ -57,6 +60,7 @@ class Sampling:
     stop: list[str] = field(default_factory=list)  # stop strings, for backends that take text
     bad: list[str] = field(default_factory=list)  # banned words as text, for backends that take text
     guide: str = ""  # a JSON Schema (JSON text) the output must match, by guided decoding; "": free text
+    adapter: Adapter | None = None  # the LoRA adapter the request names; None: the base model
 
 
 @dataclass

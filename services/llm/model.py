@@ -24,6 +24,7 @@ from services.llm.chat import load_chat_template
 from services.llm.completion import Completion, coalesce, merge
 from services.llm.detect import ModelBackend
 from services.llm.detokenizer import TokenDecoding
+from services.llm.lora import Adapter, adapters_of
 from services.llm.params import (
     GenerationPolicy,
     PromptParam,
@@ -75,6 +76,7 @@ class LanguageModel(ServedModel):
         self.decoding = TokenDecoding.of(self.tokenizer)
         self.refusal: str | None = None  # why the Triton model cannot be served, while it cannot
         self.tool_family = entry.tool_parser or detect_parser(self.template.source if self.template else "")
+        self.adapters = adapters_of(entry)  # by every model id that names one
 
     def on_ready(self, triton_config: dict[str, Any]) -> None:
         """Pick and configure the backend adapter; FAILED_PRECONDITION when none can drive the model."""
@@ -110,6 +112,24 @@ class LanguageModel(ServedModel):
         card = super().card()
         card.max_model_len = self.policy.context_length
         return card
+
+    def cards(self) -> list[common_pb2.ModelCard]:
+        base = self.card()
+        cards = [base]
+        for model_id in self.adapters:
+            card = common_pb2.ModelCard()
+            card.CopyFrom(base)  # everything but the id and the parent is the base model's
+            card.id, card.parent = model_id, self.name
+            cards.append(card)
+        return cards
+
+    def adapter(self, model_id: str) -> Adapter | None:
+        """The LoRA adapter `model_id` names (None: the model itself), if its backend can run adapters."""
+        adapter = self.adapters.get(model_id)
+        if adapter is not None and not self.backend.supports("lora"):
+            raise invalid_argument(f"`{model_id}` is a LoRA adapter of model `{self.name}`, whose "
+                                   f"{self.backend.name} backend cannot run LoRA adapters.", "model")
+        return adapter
 
     def tokenize(self, text: str, special: bool) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=special))
@@ -188,6 +208,7 @@ class LanguageModel(ServedModel):
         # A turn that forces a call is held to the call's grammar; the output format (`response_format`) is
         # for the answer after the tool's result, as OpenAI treats the pair (the Agents SDK sends both).
         base.guide = tools.guide or base.guide
+        base.adapter = self.adapter(request.model)
         guide_param = tools.param or "response_format"
         limits = [max_new_tokens(request, self.policy, len(ids), prompts.param) for ids in prompts.ids]
         seeds = choice_seeds(request, n)

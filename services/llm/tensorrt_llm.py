@@ -15,6 +15,9 @@ so a model called without it never stops at EOS. `runtime_top_p` must be in (0, 
 Outputs: with `streaming` each response carries only the new tokens, prompt never included:
 `output_ids` [1, beams, n] (shorter beams padded with -1) with `sequence_length` [1, beams] = n, and
 `output_log_probs` for them.
+
+A LoRA adapter adds `lora_task_id`, with `lora_weights` and `lora_config` the first time
+(services/llm/lora.py; the ensemble and BLS model take the same).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import numpy as np
 from services.common.endpoints import Endpoints
 from services.common.triton import Triton
 from services.llm.backends import Knob, Sampling, Step
+from services.llm.lora import TaskCache, has_lora_inputs
 from services.llm.tensors import ModelInterface, encode_words, refuse
 
 REQUIRED_INPUTS = ("input_ids", "input_lengths", "request_output_len", "streaming")
@@ -72,6 +76,7 @@ class TensorRTLLM:
         self.model = model
         self.constants = dict(constants or {})
         self.interface = ModelInterface({})
+        self.lora = TaskCache()
 
     def configure(self, triton_config: dict[str, Any]) -> None:
         interface = ModelInterface(triton_config)
@@ -91,6 +96,8 @@ class TensorRTLLM:
             return self.interface.has("return_log_probs") and "output_log_probs" in self.interface.outputs
         if knob == "guided_decoding":
             return not self.interface.missing(GUIDE_INPUTS)
+        if knob == "lora":
+            return has_lora_inputs(self.interface)
         return self.interface.first(*_KNOB_INPUTS[knob]) is not None
 
     def tensors(self, prompt: Sequence[int], sampling: Sampling) -> dict[str, np.ndarray]:
@@ -120,8 +127,9 @@ class TensorRTLLM:
         if sampling.logprobs:
             outputs.append("output_log_probs")
         done = 0  # tokens received so far
-        async for result in self.triton.stream(self.endpoints, self.model, self.tensors(prompt, sampling), outputs,
-                                               timeout, sampling.request_id):
+        tensors = self.tensors(prompt, sampling)
+        async for result in self.lora.stream(sampling.adapter, self.interface, lambda lora: self.triton.stream(
+                self.endpoints, self.model, {**tensors, **lora}, outputs, timeout, sampling.request_id)):
             if "output_ids" not in result or "sequence_length" not in result:
                 continue  # an empty final response (a stop request, a cancellation)
             length = int(result["sequence_length"].reshape(-1)[0])  # [1, beams]: beam 0

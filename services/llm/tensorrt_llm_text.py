@@ -7,7 +7,8 @@ request ignores the end id: the preprocessing model passes it on, and TensorRT-L
 sampling scalars by their ensemble names (`top_k`, `top_p`, `temperature`, `repetition_penalty`,
 `presence_penalty`, `frequency_penalty`, `min_tokens` or before 2025-05 `min_length`, `seed` or before
 2025-05 `random_seed`), `stop_words` / `bad_words` one string per word (left out when empty), and
-`return_num_input_tokens` / `return_num_output_tokens` where declared.
+`return_num_input_tokens` / `return_num_output_tokens` where declared; a LoRA adapter's inputs as the
+`tensorrt_llm` model's (services/llm/lora.py).
 
 Outputs: `text_output`, a delta per streamed response (each response's tokens decoded on their own), or
 the whole text so far when the BLS model accumulates tokens (its `accumulate_tokens` parameter, or
@@ -27,6 +28,7 @@ import numpy as np
 from services.common.endpoints import Endpoints
 from services.common.triton import Triton
 from services.llm.backends import Knob, Sampling, Step
+from services.llm.lora import TaskCache, has_lora_inputs
 from services.llm.tensorrt_llm import GUIDE_INPUTS, MIN_TOKENS, SEED, guide_values, sampling_values
 from services.llm.tensors import CumulativeText, ModelInterface, int_value, refuse, text_value
 
@@ -63,6 +65,7 @@ class TensorRTLLMText:
         self.configured_accumulate = accumulate_tokens  # the model config file's say; None: the Triton model's
         self.accumulate = bool(accumulate_tokens)
         self.interface = ModelInterface({})
+        self.lora = TaskCache()
 
     def configure(self, triton_config: dict[str, Any]) -> None:
         interface = ModelInterface(triton_config)
@@ -83,6 +86,8 @@ class TensorRTLLMText:
     def supports(self, knob: Knob) -> bool:
         if knob == "guided_decoding":
             return not self.interface.missing(GUIDE_INPUTS)
+        if knob == "lora":
+            return has_lora_inputs(self.interface)
         return knob not in _UNSUPPORTED and self.interface.first(*_KNOB_INPUTS[knob]) is not None
 
     def tensors(self, text: str, sampling: Sampling) -> dict[str, np.ndarray]:
@@ -117,8 +122,9 @@ class TensorRTLLMText:
     async def stream(self, prompt: Sequence[int], sampling: Sampling, timeout: float | None, text: str = ""
                      ) -> AsyncGenerator[Step, None]:
         cumulative = CumulativeText() if self.accumulate else None
-        async for result in self.triton.stream(self.endpoints, self.model, self.tensors(text, sampling), self.outputs(),
-                                               timeout, sampling.request_id):
+        tensors = self.tensors(text, sampling)
+        async for result in self.lora.stream(sampling.adapter, self.interface, lambda lora: self.triton.stream(
+                self.endpoints, self.model, {**tensors, **lora}, self.outputs(), timeout, sampling.request_id)):
             if "text_output" not in result:
                 continue  # an empty final response
             piece = text_value(result["text_output"])

@@ -134,7 +134,7 @@ class Vllm:
 
     def tensors(self, text: str, sampling: Sampling) -> dict[str, np.ndarray]:
         """The request's input tensors (only those the model declares)."""
-        params = sampling_parameters(sampling, self.lora_name)
+        params = sampling_parameters(sampling, sampling.adapter.lora_name if sampling.adapter else self.lora_name)
         flags = {flag: True for flag, output in _FLAGS.items() if output in self.interface.outputs}
         return self.interface.scalars({
             **self.constants, "text_input": text, "stream": True, "exclude_input_in_output": True,

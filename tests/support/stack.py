@@ -46,6 +46,9 @@ def write_model_config(triton_grpc_url: str, directory: Path) -> Path:
             entry["url"] = triton_grpc_url
             if "chat_template" in entry:  # relative to tests/, where the template files are
                 entry["chat_template"] = str(TESTS / entry["chat_template"])
+            for adapter in entry.get("lora_adapters", {}).values():  # also relative to tests/ (tests/lora)
+                if "path" in adapter:
+                    adapter["path"] = str(TESTS / adapter["path"])
     path = directory / "model_config.json"
     path.write_text(json.dumps(config, indent=2))
     return path

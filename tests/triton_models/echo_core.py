@@ -17,7 +17,8 @@ interface (`parse` turns a request into a `Job`, `respond` builds each response)
 - The test knobs are optional UINT32 inputs of every echo model: `tokens_per_response` (default: the
   model parameter of that name, else 1), `delay_ms`, `error_after_tokens`.
 - Events: when $TRITONGATE_TEST_EVENTS names a file, each request appends one JSON line
-  {"event": "completed" | "cancelled" | "error", "model", "request_id" (Triton's), "tokens", "reason"}.
+  {"event": "completed" | "cancelled" | "error", "model", "request_id" (Triton's), "tokens", "reason"},
+  plus what the interface reports about the request (its LoRA adapter: `Job.report`).
 
 Packaging: Triton takes every folder of a model repository for a model (a stray `__pycache__` or even a
 hidden folder stops the server), while plain files are ignored. So the shared code lives in plain
@@ -169,6 +170,7 @@ class Job:
     per_response: int = 1
     delay: float = 0.0
     error_after: int | None = None
+    report: dict[str, Any] = field(default_factory=dict)  # added to the request's events (e.g. its LoRA adapter)
 
     @property
     def tokens(self) -> int:
@@ -204,6 +206,7 @@ class EchoModel:
     final_apart = False
 
     def initialize(self, args: dict[str, str]) -> None:
+        self.args = args
         self.name = args["model_name"]
         self.config = json.loads(args["model_config"])
         self.params = {k: v.get("string_value", "") for k, v in self.config.get("parameters", {}).items()}
@@ -274,7 +277,7 @@ class EchoModel:
             send(sender, response, FINAL)
 
     def event(self, kind: str, job: Job, **extra: Any) -> None:
-        event(event=kind, model=self.name, request_id=job.request_id, tokens=job.tokens, **extra)
+        event(event=kind, model=self.name, request_id=job.request_id, tokens=job.tokens, **job.report, **extra)
 
     def _run(self, request: Any, sender: Any, job: Job) -> None:
         try:

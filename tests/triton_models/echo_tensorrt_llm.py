@@ -21,6 +21,12 @@ model_instance_state.cc fillTritonResponse; the executor's LlmRequest::createRes
   streaming: the executor's list only grows) and `cum_log_probs` [1, 1] their sum.
 - `num_input_tokens` [1, 1] is the prompt length; `num_output_tokens` [1, 1] counts the ids of this
   response's `output_ids`, so the prompt too when it is there (fillTritonResponse counts outputIds).
+- LoRA (`lora_task_id`, `lora_weights`, `lora_config`, where declared), as the executor's PEFT cache: a
+  task id with weights and config caches them (at most the model parameter `lora_cache_size` tasks, the
+  oldest evicted first); a task id alone must be cached, else the request fails with "LoRA task <id> not
+  found in cache. Please send LoRA weights with request" (and a `lora_not_cached` event). The generation
+  is the echo whatever the adapter; each event of the request reports `lora_task_id`, whether the
+  weights came with it (`lora_weights_sent`), and the cached weights' and config's shapes and sums.
 - Errors are INTERNAL error responses with the C++ check's text: malformed word lists (the strict
   `convertWordList` checks), `request_output_len` < 1, an empty prompt, `end_id` outside [-1, vocab),
   a request whose outputs leave out `output_ids` or `sequence_length`. A cancelled request ends with an
@@ -44,6 +50,7 @@ model_instance_state.cc fillTritonResponse; the executor's LlmRequest::createRes
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +63,7 @@ from echo_core import (
     Job,
     RequestError,
     Tokenizer,
+    event,
     log_prob,
     scalar,
     string_tensor,
@@ -142,6 +150,8 @@ class TrtllmEchoModel(EchoModel):
     def setup(self) -> None:
         self.vocab_size = int(self.param("vocab_size", "49152"))
         self.exclude_default = self.param("exclude_input_in_output", "false").lower() in TRUE
+        self.lora_cache: OrderedDict[int, dict[str, Any]] = OrderedDict()  # task id -> what its weights were
+        self.lora_cache_size = int(self.param("lora_cache_size", "8"))
 
     def declared(self, *names: str) -> str:
         """The first of `names` this model's config declares (names changed between TRT-LLM versions)."""
@@ -149,6 +159,27 @@ class TrtllmEchoModel(EchoModel):
 
     def flag(self, request: Any, name: str, default: bool = False) -> bool:
         return bool(scalar(request, name, default, bool)) if name in self.inputs else default
+
+    def lora(self, request: Any) -> dict[str, Any]:
+        """The request's LoRA task, through the cache (see the module docstring): what its events report."""
+        task_id = scalar(request, "lora_task_id", None, int) if "lora_task_id" in self.inputs else None
+        if task_id is None:
+            return {}
+        weights, config = tensor(request, "lora_weights"), tensor(request, "lora_config")
+        sent = weights is not None and config is not None
+        with self.lock:
+            if sent:
+                self.lora_cache.pop(task_id, None)
+                self.lora_cache[task_id] = {
+                    "lora_weights_shape": list(weights.shape), "lora_config_shape": list(config.shape),
+                    "lora_weights_sum": float(weights.astype(np.float64).sum()),
+                    "lora_config_sum": int(config.astype(np.int64).sum())}
+                while len(self.lora_cache) > self.lora_cache_size:
+                    self.lora_cache.popitem(last=False)
+            elif task_id not in self.lora_cache:
+                event(event="lora_not_cached", model=self.name, request_id=request.request_id(), lora_task_id=task_id)
+                raise RequestError(f"LoRA task {task_id} not found in cache. Please send LoRA weights with request")
+            return {"lora_task_id": task_id, "lora_weights_sent": sent, **self.lora_cache[task_id]}
 
     def common(self, request: Any, prompt: list[int], max_new: int, end_id: int, stop_words: list[list[int]],
                bad_words: list[list[int]], streaming: bool) -> TrtllmJob:
@@ -169,7 +200,8 @@ class TrtllmEchoModel(EchoModel):
                          exclude_input=self.flag(request, "exclude_input_in_output", self.exclude_default),
                          log_probs=self.flag(request, "return_log_probs"),
                          num_input=self.flag(request, "return_num_input_tokens"),
-                         num_output=self.flag(request, "return_num_output_tokens"), **self.knobs(request))
+                         num_output=self.flag(request, "return_num_output_tokens"), report=self.lora(request),
+                         **self.knobs(request))
 
     def parse(self, request: Any) -> Job:
         requested = set(request.requested_output_names())

@@ -32,6 +32,10 @@ src/utils/request.py; vLLM's SamplingParams and V1 detokenizer for the text rule
   `[{token_id: {"logprob", "rank", "decoded_token"}}]`, `logprobs` alternatives per position, or
   "null"), `num_input_tokens` (a 0-d UINT32, as the backend builds it), `num_output_tokens` [n] (tokens
   since the previous response).
+- LoRA: a `lora_name` must be a key of the model's `1/multi_lora.json` (without that file: "LoRA feature
+  is not enabled."; another name: "LoRA <name> is not supported, we currently support [...]", an error
+  response as vllm_backend's _verify_loras sends, here with the prefix below); the generation is the
+  echo whatever the adapter, and the request's events report its `lora_name`.
 - Errors: a FINAL response with `text_output` ["N/A"] and the error "Error generating stream: ..."
   (INTERNAL). Cancellation, streaming: a FINAL error "Request was cancelled" (CANCELLED); not
   streaming: the partial output as the final response.
@@ -42,6 +46,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -190,6 +195,18 @@ class VllmEchoModel(EchoModel):
         self.tokenizer = Tokenizer(self.param("tokenizer_dir", DEMO_TOKENIZER))
         self.max_model_len = int(self.param("max_model_len", "8192"))
         self.max_logprobs = int(self.param("max_logprobs", "20"))
+        loras = Path(self.args["model_repository"]) / self.args["model_version"] / "multi_lora.json"
+        self.supported_loras = list(json.loads(loras.read_text())) if loras.exists() else None
+
+    def check_lora(self, name: str | None) -> dict[str, Any]:
+        """vllm_backend's _verify_loras: `lora_name` must be in the model's multi_lora.json."""
+        if name is None:
+            return {}
+        if self.supported_loras is None:
+            raise RequestError("LoRA feature is not enabled.")
+        if name not in self.supported_loras:
+            raise RequestError(f"LoRA {name} is not supported, we currently support {self.supported_loras}")
+        return {"lora_name": name}
 
     def error_response(self, message: str, code: int) -> Any:
         return pb_utils.InferenceResponse(output_tensors=[string_tensor("text_output", ["N/A"])],
@@ -229,7 +246,8 @@ class VllmEchoModel(EchoModel):
         return VllmJob(request.request_id(), sequences, streaming=stream, tokenizer=self.tokenizer, prompt=prompt,
                        prepend=prepend, returns=returns, stops=params["stop"],
                        include_stop=params["include_stop_str_in_output"],
-                       skip_special=params["skip_special_tokens"], logprobs=params["logprobs"], **self.knobs(request))
+                       skip_special=params["skip_special_tokens"], logprobs=params["logprobs"],
+                       report=self.check_lora(params.get("lora_name")), **self.knobs(request))
 
     def respond(self, job: VllmJob, done: bool) -> Any:
         count = range(len(job.sequences))
