@@ -130,7 +130,6 @@ TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "ob
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
         "type": "object", "properties": {"a": {"enum": ["x" * 70_000]}}}}}}, "response_format"),
     ({"response_format": {"type": "xml"}}, "response_format"),
-    ({"response_format": {"type": "json_object"}, "tools": [TOOL], "tool_choice": "required"}, "response_format"),
     ({"tools": [TOOL], "functions": [{"name": "g"}]}, "functions"),
     ({"functions": [{"name": "g"}], "function_call": {"name": "h"}}, "function_call"),
 ])
