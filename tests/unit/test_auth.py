@@ -103,6 +103,15 @@ def _client(metrics_require_key: bool = False) -> TestClient:
     return TestClient(app)
 
 
+def test_anthropics_routes_take_x_api_key_and_answer_401_in_anthropics_shape() -> None:
+    client = _client()
+    assert client.get("/v1/anything", headers={"x-api-key": "k2"}).status_code == 200
+    response = client.post("/v1/messages", headers={"x-api-key": "wrong"})
+    assert response.status_code == 401
+    assert response.json() == {"type": "error", "error": {"type": "authentication_error",
+                                                          "message": "Incorrect API key provided."}}
+
+
 def test_the_middleware_answers_401_in_openai_shape_for_a_missing_or_wrong_key() -> None:
     client = _client()
     for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": "Basic azE="}):
