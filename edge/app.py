@@ -22,6 +22,7 @@ from edge.routers import (
     embeddings,
     health,
     interactive,
+    messages,
     models,
     playground,
     rerank,
@@ -73,8 +74,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         **_NO_NATIVE_TELEMETRY,
     )
     install_error_handlers(app)
-    for module in (models, chat, completions, embeddings, rerank, responses, interactive, tokenize, health,
-                   playground):
+    for module in (models, chat, completions, embeddings, rerank, responses, messages, interactive, tokenize,
+                   health, playground):
         app.include_router(module.router)
     # Innermost, inside the body limit, the keys and the metrics: the hot routes without FastAPI's machinery.
     app.add_middleware(LeanRoutes, routers=(embeddings.router, rerank.router))

@@ -1,4 +1,5 @@
-"""API keys. When any are configured, every request needs `Authorization: Bearer <key>` except on the
+"""API keys. When any are configured, every request needs `Authorization: Bearer <key>` (or Anthropic's
+`x-api-key: <key>`, which the anthropic SDK and Claude Code send) except on the
 open paths (health, the API docs, and /metrics unless metrics_require_key). The check denies by
 default: a route added later is protected without anyone listing it, and an unknown path answers 401
 before 404. No keys configured: no check at all.
@@ -71,24 +72,27 @@ class KeyChecker:
         return found
 
 
-def bearer_token(headers: Iterable[tuple[bytes, bytes]]) -> bytes | None:
-    """The token of an `Authorization: Bearer <token>` header, or None."""
+def presented_key(headers: Iterable[tuple[bytes, bytes]]) -> bytes | None:
+    """The token of an `Authorization: Bearer <token>` header, or else of an `x-api-key` header, or None."""
+    api_key = None
     for name, value in headers:
         if name == b"authorization":
             scheme, _, token = value.strip().partition(b" ")
             token = token.strip()
             return token if scheme.lower() == b"bearer" and token else None
-    return None
+        if name == b"x-api-key":
+            api_key = value.strip() or None
+    return api_key
 
 
-def _unauthorized(message: str) -> Response:
-    response = OpenAIError(401, message, code="invalid_api_key", type_="authentication_error").response()
+def _unauthorized(message: str, path: str) -> Response:
+    response = OpenAIError(401, message, code="invalid_api_key", type_="authentication_error").response(path)
     response.headers["WWW-Authenticate"] = "Bearer"
     return response
 
 
 MISSING = ("You didn't provide an API key. You need to provide your API key in an Authorization header "
-           "using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).")
+           "using Bearer auth (i.e. Authorization: Bearer YOUR_KEY), or in an x-api-key header.")
 INCORRECT = "Incorrect API key provided."
 
 
@@ -104,7 +108,7 @@ class ApiKeyAuth:
         if scope["type"] not in ("http", "websocket") or scope["path"] in self.open_paths:
             await self.app(scope, receive, send)
             return
-        token = bearer_token(scope["headers"])
+        token = presented_key(scope["headers"])
         if token is not None and self.checker.valid(token):
             await self.app(scope, receive, send)
             return
@@ -112,7 +116,7 @@ class ApiKeyAuth:
             await send({"type": "websocket.close", "code": 1008})  # policy violation
             return
         # A new response each time: outer middleware may add headers to the one it is sent.
-        await _unauthorized(MISSING if token is None else INCORRECT)(scope, receive, send)
+        await _unauthorized(MISSING if token is None else INCORRECT, scope["path"])(scope, receive, send)
 
 
 def open_paths(settings: Settings) -> frozenset[str]:

@@ -1,4 +1,6 @@
-"""Every error the edge returns has OpenAI's shape: {"error": {"message", "type", "param", "code"}}.
+"""Every error the edge returns has OpenAI's shape: {"error": {"message", "type", "param", "code"}}, except
+on Anthropic's routes (/v1/messages...), where it has Anthropic's: {"type": "error", "error": {"type",
+"message"}} (`OpenAIError.body` decides by the request's path; the status stays the same).
 
 The one table below maps service gRPC codes to HTTP; the handlers turn validation failures, a broken
 request rule (`ParamError`, raised by the endpoint modules), HTTP errors and anything unexpected into the
@@ -43,6 +45,15 @@ _INTERNAL = (500, "server_error", None)
 _CODES = {code.value[0]: code for code in grpc.StatusCode}  # a status code's number → the code
 _HTTP_TYPES = {401: "authentication_error", 403: "permission_error", 404: "invalid_request_error",
                429: "rate_limit_error"}
+ANTHROPIC_PATH = "/v1/messages"  # and the paths under it
+# HTTP status → Anthropic's error type (its API reference, Errors); any other 4xx is an invalid request,
+# any other 5xx an `api_error`. A service that is unavailable for a moment (503) is Anthropic's overload.
+_ANTHROPIC_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error",
+                    413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error", 504: "timeout_error"}
+
+
+def anthropic_route(path: str) -> bool:
+    return path == ANTHROPIC_PATH or path.startswith(ANTHROPIC_PATH + "/")
 
 
 class OpenAIError(Exception):
@@ -58,11 +69,15 @@ class OpenAIError(Exception):
         self.code = code
         self.type = type_ or ("server_error" if status >= 500 else _HTTP_TYPES.get(status, "invalid_request_error"))
 
-    def body(self) -> dict[str, Any]:
+    def body(self, path: str = "") -> dict[str, Any]:
+        """The error body for a request to `path`: Anthropic's on its routes, else OpenAI's."""
+        if anthropic_route(path):
+            kind = _ANTHROPIC_TYPES.get(self.status, "api_error" if self.status >= 500 else "invalid_request_error")
+            return {"type": "error", "error": {"type": kind, "message": self.message}}
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
-    def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+    def response(self, path: str = "") -> JSONResponse:
+        return JSONResponse(self.body(path), status_code=self.status, headers=self.headers)
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> OpenAIError:
@@ -163,15 +178,15 @@ def as_openai_error(exc: Exception) -> OpenAIError:
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    async def handle(_: Request, exc: Exception) -> JSONResponse:
-        return as_openai_error(exc).response()
+    async def handle(request: Request, exc: Exception) -> JSONResponse:
+        return as_openai_error(exc).response(request.scope["path"])
 
     for kind in (OpenAIError, ParamError, RequestValidationError, StarletteHTTPException, StoreUnavailable):
         app.add_exception_handler(kind, handle)
 
     @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
-        response = as_openai_error(exc).response()
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        response = as_openai_error(exc).response(request.scope["path"])
         # Starlette answers this one outside every middleware, so the request id is added here.
         response.headers[REQUEST_ID_KEY] = REQUEST_ID.get()
         return response

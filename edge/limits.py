@@ -1,4 +1,4 @@
-"""Request body size limit, enforced before the body is parsed (413 in OpenAI's error shape)."""
+"""Request body size limit, enforced before the body is parsed (413, in the error shape of the route)."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ class BodySizeLimit:
             return
         length = dict(scope["headers"]).get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.max_bytes:
-            await self._error().response()(scope, receive, send)
+            await self._error().response(scope["path"])(scope, receive, send)
             return
         received = 0
         exceeded = False
@@ -52,4 +52,4 @@ class BodySizeLimit:
         with contextlib.suppress(BodyTooLarge):
             await self.app(scope, limited_receive, guarded_send)
         if exceeded:
-            await self._error().response()(scope, receive, send)
+            await self._error().response(scope["path"])(scope, receive, send)

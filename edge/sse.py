@@ -34,21 +34,23 @@ def data_event(payload: object) -> bytes:
     return b"data: " + orjson.dumps(payload) + b"\n\n"
 
 
-def error_event(error: OpenAIError) -> bytes:
-    """The OpenAI error body as an `error` event (the openai SDK raises it as APIError)."""
-    return b"event: error\ndata: " + orjson.dumps(error.body()) + b"\n\n"
+def error_event(error: OpenAIError, path: str = "") -> bytes:
+    """The error body (OpenAI's, or Anthropic's on its routes) as an `error` event (the openai SDK raises it
+    as APIError, the anthropic SDK as the error of its status)."""
+    return b"event: error\ndata: " + orjson.dumps(error.body(path)) + b"\n\n"
 
 
 class EventStream(Response):
-    """Streams `events` (already encoded), then `[DONE]`."""
+    """Streams `events` (already encoded), then `done` (`[DONE]`; Anthropic's streams end without it)."""
 
     def __init__(self, events: AsyncGenerator[bytes, None], keepalive_s: float,
-                 to_error: Callable[[Exception], OpenAIError]) -> None:
+                 to_error: Callable[[Exception], OpenAIError], done: bytes = DONE) -> None:
         self.status_code, self.media_type, self.background = 200, "text/event-stream", None
         self.init_headers(_HEADERS)  # as StreamingResponse: no Content-Length
         self.events = events
         self.keepalive_s = keepalive_s
         self.to_error = to_error
+        self.done = done
         self.sent = 0  # writes so far: the keep-alive timer's sign of life
         self.ended = False
 
@@ -57,14 +59,14 @@ class EventStream(Response):
         with cancelled_on_disconnect(receive) as disconnected:
             keepalive = asyncio.ensure_future(self._keepalive(send))
             try:
-                last = DONE
+                last = self.done
                 try:
                     async with contextlib.aclosing(self.events) as events:
                         async for event in events:
                             await send({"type": "http.response.body", "body": event, "more_body": True})
                             self.sent += 1
                 except Exception as exc:  # cancellation (the client gone) is not an Exception and propagates
-                    last = error_event(self.to_error(exc)) + DONE
+                    last = error_event(self.to_error(exc), scope["path"]) + self.done
                 self.ended = True
                 await send({"type": "http.response.body", "body": last, "more_body": False})
             except asyncio.CancelledError:
@@ -84,6 +86,6 @@ class EventStream(Response):
 
 
 def sse_response(events: AsyncGenerator[bytes, None], keepalive_s: float,
-                 to_error: Callable[[Exception], OpenAIError] = as_openai_error) -> EventStream:
-    """Stream `events` (already encoded), then `[DONE]`; a failure becomes an error event first."""
-    return EventStream(events, keepalive_s, to_error)
+                 to_error: Callable[[Exception], OpenAIError] = as_openai_error, done: bytes = DONE) -> EventStream:
+    """Stream `events` (already encoded), then `done`; a failure becomes an error event first."""
+    return EventStream(events, keepalive_s, to_error, done)

@@ -46,8 +46,8 @@ class Framing(Protocol):
     def delta(self, delta: llm_pb2.Delta) -> Iterable[bytes]:
         """A delta carrying text or logprobs."""
 
-    def end(self, index: int, finish_reason: str) -> Iterable[bytes]:
-        """A choice is finished."""
+    def end(self, index: int, finish_reason: str, stop_string: str = "") -> Iterable[bytes]:
+        """A choice is finished (`stop_string`: the stop string that ended it, if one did)."""
 
     def finish(self, usage: common_pb2.Usage) -> Iterable[bytes]:
         """Every choice is finished; `usage` is the request's."""
@@ -78,7 +78,7 @@ class ChunkFraming:
     def delta(self, delta: llm_pb2.Delta) -> Iterable[bytes]:
         yield self._chunk(self.shape.delta(delta))
 
-    def end(self, index: int, finish_reason: str) -> Iterable[bytes]:
+    def end(self, index: int, finish_reason: str, stop_string: str = "") -> Iterable[bytes]:
         yield self._chunk(self.shape.end(index, finish_reason))
 
     def finish(self, usage: common_pb2.Usage) -> Iterable[bytes]:
@@ -126,9 +126,10 @@ async def _events(generation: Generation, accepted: llm_pb2.Accepted, framing: F
         if opening := b"".join(framing.start(accepted)):
             yield opening
         async for delta in generation.deltas():
-            events = [*framing.delta(delta)] if delta.text or delta.logprobs or delta.tool_calls else []
+            events = [*framing.delta(delta)] if delta.text or delta.logprobs or delta.tool_calls or delta.reasoning \
+                else []
             if delta.finish_reason:
-                events.extend(framing.end(delta.index, delta.finish_reason))
+                events.extend(framing.end(delta.index, delta.finish_reason, delta.stop_string))
             if events:
                 yield b"".join(events)
         closing = b"".join(framing.finish(generation.usage))

@@ -274,7 +274,7 @@ class TurnLines:
         yield _line(answer(delta.text, self.turn.session_id, None, len(self.parts), self.input_tokens,
                            self.turn.history_tokens))
 
-    def end(self, index: int, finish_reason: str) -> Iterable[bytes]:
+    def end(self, index: int, finish_reason: str, stop_string: str = "") -> Iterable[bytes]:
         self.finish_reason = finish_reason
         return ()
 

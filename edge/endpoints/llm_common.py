@@ -37,15 +37,15 @@ class StreamOptions(OpenAIRequest):
     include_usage: bool | None = None
 
 
-def stop_list(value: Any) -> list[str]:
-    """`stop`: a string or up to MAX_STOPS non-empty strings."""
+def stop_list(value: Any, param: str = "stop") -> list[str]:
+    """`stop` (or Anthropic's `stop_sequences`): a string or up to MAX_STOPS non-empty strings."""
     stops = [value] if isinstance(value, str) else value
     if not isinstance(stops, list) or not all(isinstance(stop, str) for stop in stops):
-        raise ParamError("'stop' must be a string or an array of strings", "stop")
+        raise ParamError(f"'{param}' must be a string or an array of strings", param)
     if len(stops) > MAX_STOPS:
-        raise ParamError(f"'stop' may hold at most {MAX_STOPS} strings; got {len(stops)}", "stop")
+        raise ParamError(f"'{param}' may hold at most {MAX_STOPS} strings; got {len(stops)}", param)
     if any(stop == "" for stop in stops):
-        raise ParamError("'stop' strings must not be empty", "stop")
+        raise ParamError(f"'{param}' strings must not be empty", param)
     return stops
 
 
@@ -129,10 +129,13 @@ class Collected:
         self.parts: list[str] = []
         self.logprobs: list[llm_pb2.TokenLogprob] = []
         self.finish_reason = "stop"
+        self.stop_string = ""  # the stop string that ended the choice, if one did
         self.tool_calls: list[dict[str, str]] = []  # id, name, arguments (JSON text) of each call
+        self.reasoning_parts: list[str] = []
 
     def add(self, delta: llm_pb2.Delta) -> None:
         self.parts.append(delta.text)
+        self.reasoning_parts.append(delta.reasoning)
         self.logprobs.extend(delta.logprobs)
         for piece in delta.tool_calls:
             while len(self.tool_calls) <= piece.index:
@@ -143,10 +146,15 @@ class Collected:
             call["arguments"] += piece.arguments
         if delta.finish_reason:
             self.finish_reason = delta.finish_reason
+            self.stop_string = delta.stop_string
 
     @property
     def text(self) -> str:
         return "".join(self.parts)
+
+    @property
+    def reasoning(self) -> str:
+        return "".join(self.reasoning_parts)
 
 
 class Shape(Protocol):

@@ -308,7 +308,7 @@ class ResponseEvents:
                 self.items[-1] = self.current
                 yield self._emit("response.function_call_arguments.delta", **self._at(), delta=piece.arguments)
 
-    def end(self, index: int, finish_reason: str) -> Iterable[bytes]:
+    def end(self, index: int, finish_reason: str, stop_string: str = "") -> Iterable[bytes]:
         self.finish_reason = finish_reason
         if not self.items:
             yield from self._open(message_item(_item_id("msg"), "", "in_progress"))

@@ -23,7 +23,7 @@ MAX_TOOLS = 128  # OpenAI's limit
 MAX_SCHEMA_BYTES = 64 * 1024  # of one schema, as compact JSON: grammar compilation grows with it
 NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # function and json_schema names, as OpenAI's
 TOOL_CHOICES = ("none", "auto", "required")
-ToolLayout = Literal["nested", "functions", "flat"]
+ToolLayout = Literal["nested", "functions", "flat", "anthropic"]
 
 
 def schema_text(schema: Any, param: str, what: str) -> str:
@@ -69,8 +69,9 @@ def response_guide(value: Any, param: str = "response_format", nested: str | Non
     return llm_pb2.Guide(json_schema=schema_text(spec["schema"], param, f"'{where}.schema'"))
 
 
-def function_tool(function: Any, where: str, param: str) -> llm_pb2.Tool:
-    """One function definition ({name, description, parameters, strict})."""
+def function_tool(function: Any, where: str, param: str, schema: str = "parameters") -> llm_pb2.Tool:
+    """One function definition ({name, description, parameters, strict}; Anthropic's calls `parameters`
+    `input_schema`)."""
     if not isinstance(function, dict):
         raise ParamError(f"'{where}' must be an object with a 'name'", param)
     name = function.get("name")
@@ -82,10 +83,10 @@ def function_tool(function: Any, where: str, param: str) -> llm_pb2.Tool:
     strict = function.get("strict")
     if strict is not None and not isinstance(strict, bool):
         raise ParamError(f"'{where}.strict' must be a boolean", param)
-    parameters = function.get("parameters")
-    text = "" if parameters is None else schema_text(parameters, param, f"'{where}.parameters'")
+    parameters = function.get(schema)
+    text = "" if parameters is None else schema_text(parameters, param, f"'{where}.{schema}'")
     if parameters is not None and parameters.get("type", "object") != "object":
-        raise ParamError(f"'{where}.parameters' must be a JSON Schema of type 'object'", param)
+        raise ParamError(f"'{where}.{schema}' must be a JSON Schema of type 'object'", param)
     return llm_pb2.Tool(name=name, description=description or "", parameters=text, strict=bool(strict))
 
 
@@ -94,6 +95,16 @@ def _function(entry: Any, i: int, param: str, layout: ToolLayout) -> tuple[Any, 
     if layout == "functions":
         return entry, f"{param}[{i}]"
     kind = entry.get("type") if isinstance(entry, dict) else None
+    if layout == "anthropic":
+        if not isinstance(entry, dict):
+            raise ParamError(f"'{param}[{i}]' must be an object with 'name' and 'input_schema'", f"{param}[{i}]")
+        if kind not in (None, "custom"):
+            raise ParamError(f"tools of type {kind!r} are not supported: only custom tools (name, description, "
+                             "input_schema)", f"{param}[{i}].type")
+        if not isinstance(entry.get("input_schema"), dict):
+            raise ParamError(f"'{param}[{i}].input_schema' is required: a JSON Schema object",
+                             f"{param}[{i}].input_schema")
+        return entry, f"{param}[{i}]"
     if layout == "flat" and kind != "function":
         raise ParamError(f"tools of type {kind!r} are not supported: only 'function' tools", f"{param}[{i}].type")
     if layout == "flat":
@@ -105,12 +116,15 @@ def _function(entry: Any, i: int, param: str, layout: ToolLayout) -> tuple[Any, 
 
 def tool_list(value: Any, param: str, layout: ToolLayout = "nested") -> list[llm_pb2.Tool]:
     """Function tools, names unique: chat's `tools` ([{type: function, function}]), the legacy `functions`
-    ([function]) or Responses' `tools` ([{type: function, name, ...}], "flat")."""
+    ([function]), Responses' `tools` ([{type: function, name, ...}], "flat") or Anthropic's
+    ([{name, description, input_schema}])."""
     if not isinstance(value, list):
         raise ParamError(f"'{param}' must be an array", param)
     if len(value) > MAX_TOOLS:
         raise ParamError(f"'{param}' may hold at most {MAX_TOOLS} functions; got {len(value)}", param)
-    tools = [function_tool(*_function(entry, i, param, layout), param=param) for i, entry in enumerate(value)]
+    schema = "input_schema" if layout == "anthropic" else "parameters"
+    tools = [function_tool(*_function(entry, i, param, layout), param=param, schema=schema)
+             for i, entry in enumerate(value)]
     names = [tool.name for tool in tools]
     duplicate = next((name for name in names if names.count(name) > 1), None)
     if duplicate:

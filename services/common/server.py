@@ -25,6 +25,7 @@ from services.common.tokenize import TokenizerServicer
 from services.common.triton import Triton
 from tritongate.common.v1 import common_pb2, tokenizer_pb2, tokenizer_pb2_grpc
 from tritongate.config import TritonModelEntry
+from tritongate.llm.v1 import llm_pb2
 from tritongate.registry import ModelKind, ServiceInfo
 from tritongate.wire import MAX_MESSAGE_BYTES
 
@@ -94,6 +95,10 @@ class ServedModel:
     def chat_tokens(self, chat: tokenizer_pb2.TokenizerChat) -> list[int]:
         """A chat as the model's prompt, in token ids (the TokenizerService); only LLMs have chat templates."""
         raise invalid_argument(f"Model `{self.name}` has no chat template: send `prompt`.", "messages")
+
+    def generation_tokens(self, request: llm_pb2.GenerateRequest) -> list[int]:
+        """A generation input's prompt tokens (the TokenizerService); only LLMs generate."""
+        raise invalid_argument(f"Model `{self.name}` does not generate text.", "model")
 
 
 M = TypeVar("M", bound=ServedModel)

@@ -22,8 +22,11 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServiceServicer):
     async def Tokenize(self, request: tokenizer_pb2.TokenizeRequest, context: grpc.aio.ServicerContext
                        ) -> tokenizer_pb2.TokenizeResponse:
         model = self.models.get(request.model)
-        if request.WhichOneof("input") == "chat":
+        kind = request.WhichOneof("input")
+        if kind == "chat":
             tokens = model.chat_tokens(request.chat)
+        elif kind == "generation":
+            tokens = model.generation_tokens(request.generation)
         else:
             tokens = list(model.tokenizer.encode(request.prompt, add_special_tokens=request.add_special_tokens))
         return tokenizer_pb2.TokenizeResponse(tokens=tokens, max_model_len=model.card().max_model_len)

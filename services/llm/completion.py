@@ -134,7 +134,7 @@ class Completion:
                 text += self.strings.flush()
         self.emitted += len(text)
         return llm_pb2.Delta(index=self.index, text=text, finish_reason=self._finish_reason(),
-                             logprobs=self._logprobs(final=True))
+                             logprobs=self._logprobs(final=True), stop_string=self.strings.matched)
 
     def _finish_reason(self) -> FinishReason:
         if self.stopped:
@@ -273,4 +273,5 @@ def coalesce(deltas: Sequence[llm_pb2.Delta]) -> list[llm_pb2.Delta]:
                 into.tool_calls.append(piece)
         if delta.finish_reason:
             into.finish_reason = delta.finish_reason
+            into.stop_string = delta.stop_string
     return list(merged.values())

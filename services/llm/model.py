@@ -150,6 +150,10 @@ class LanguageModel(ServedModel):
         messages = [llm_pb2.ChatMessage(role=m.role, content=m.content) for m in chat.messages]
         return self.tokenize(self.chat_prompt(llm_pb2.Chat(messages=messages), struct_pb2.Struct()), special=False)
 
+    def generation_tokens(self, request: llm_pb2.GenerateRequest) -> list[int]:
+        """The prompt tokens a generation input becomes, as Generate tokenizes it (all its prompts')."""
+        return [token for ids in self.prompts(request).ids for token in ids]
+
     def prompts(self, request: llm_pb2.GenerateRequest) -> PromptSet:
         """The chat through the template, or each prompt (text or token ids) checked against the vocabulary."""
         if request.WhichOneof("input") == "chat":

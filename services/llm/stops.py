@@ -16,7 +16,7 @@ class StopStrings:
     """Stop strings in streamed text: `feed` returns the text that can go out now. When a stop string
     completes, `stopped` is set and the text before its start (through its end with `include`) is the
     last text returned; `end` is then where the stop string ends in all the text fed. The stop that
-    completes first in the text wins, however the text was split into pieces."""
+    completes first in the text wins, however the text was split into pieces; `matched` is that stop."""
 
     def __init__(self, stops: Iterable[str], include: bool = False) -> None:
         self.stops = sorted({stop for stop in stops if stop})
@@ -26,6 +26,7 @@ class StopStrings:
         self.stopped = False
         self.fed = 0  # characters fed so far
         self.end = 0
+        self.matched = ""
 
     def feed(self, text: str, armed: bool = True) -> str:
         self.fed += len(text)
@@ -38,6 +39,7 @@ class StopStrings:
             self.pending = ""
             end, start = min(hits)
             self.end = self.fed - len(buffer) + end
+            self.matched = buffer[start:end]
             return buffer[: end if self.include else start]
         keep = self._partial_length(buffer)
         self.pending = buffer[len(buffer) - keep:]

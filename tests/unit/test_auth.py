@@ -10,7 +10,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from edge.app import create_app
-from edge.auth import OPEN_PATHS, ApiKeyAuth, KeyChecker, bearer_token, load_api_keys, open_paths
+from edge.auth import OPEN_PATHS, ApiKeyAuth, KeyChecker, load_api_keys, open_paths, presented_key
 from launcher.cli import build_parser, settings_from
 from launcher.stack import LocalStack
 from tritongate.config import ConfigError
@@ -75,8 +75,16 @@ def test_the_checker_accepts_exactly_the_configured_keys() -> None:
     (b"Basic azE6", None), (b"Bearer", None), (b"Bearer   ", None), (b"k1", None),
 ])
 def test_the_bearer_token_is_read_from_the_authorization_header(value: bytes, token: bytes | None) -> None:
-    assert bearer_token([(b"content-type", b"application/json"), (b"authorization", value)]) == token
-    assert bearer_token([(b"x-api-key", b"k1")]) is None
+    assert presented_key([(b"content-type", b"application/json"), (b"authorization", value)]) == token
+    # Authorization wins over x-api-key wherever either comes.
+    assert presented_key([(b"x-api-key", b"k2"), (b"authorization", value)]) == token
+    assert presented_key([(b"authorization", value), (b"x-api-key", b"k2")]) == token
+
+
+def test_anthropics_x_api_key_header_is_read_when_there_is_no_authorization() -> None:
+    assert presented_key([(b"anthropic-version", b"2023-06-01"), (b"x-api-key", b" k1 ")]) == b"k1"
+    assert presented_key([(b"x-api-key", b"")]) is None
+    assert presented_key([(b"content-type", b"application/json")]) is None
 
 
 def _client(metrics_require_key: bool = False) -> TestClient:
@@ -93,6 +101,15 @@ def _client(metrics_require_key: bool = False) -> TestClient:
     unprotected = open_paths(Settings(metrics_require_key=metrics_require_key))
     app.add_middleware(ApiKeyAuth, keys=["k1", "k2"], open_paths=unprotected)
     return TestClient(app)
+
+
+def test_anthropics_routes_take_x_api_key_and_answer_401_in_anthropics_shape() -> None:
+    client = _client()
+    assert client.get("/v1/anything", headers={"x-api-key": "k2"}).status_code == 200
+    response = client.post("/v1/messages", headers={"x-api-key": "wrong"})
+    assert response.status_code == 401
+    assert response.json() == {"type": "error", "error": {"type": "authentication_error",
+                                                          "message": "Incorrect API key provided."}}
 
 
 def test_the_middleware_answers_401_in_openai_shape_for_a_missing_or_wrong_key() -> None:

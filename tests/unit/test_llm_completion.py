@@ -44,6 +44,7 @@ def test_the_end_id_ends_the_completion_and_is_dropped(tokenizer: Any) -> None:
     c = completion(tokenizer)
     deltas = run(c, [[t] for t in [*ids(tokenizer, "Paris."), END_ID, *ids(tokenizer, "more")]])
     assert [d.text for d in deltas] == ["Paris", ".", ""] and deltas[-1].finish_reason == "stop"
+    assert deltas[-1].stop_string == ""  # the end id is no stop string
     assert c.consumed == 3
 
 
@@ -58,6 +59,7 @@ def test_a_stop_string_split_across_tokens_in_multi_token_steps(tokenizer: Any) 
     c = completion(tokenizer, stops=[" STOP"])
     deltas = run(c, [tokens[:2], tokens[2:4], tokens[4:]], logprobs=True)
     assert [d.text for d in deltas] == ["The END", ".", ""] and deltas[-1].finish_reason == "stop"
+    assert deltas[-1].stop_string == " STOP" and not any(d.stop_string for d in deltas[:-1])
     assert c.consumed == 5  # up to the token that completed the stop string
     entries = [e for d in deltas for e in d.logprobs]
     assert [(e.token, e.text_offset) for e in entries] == [("The", 0), (" END", 3), (".", 7)]

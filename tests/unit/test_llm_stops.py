@@ -34,6 +34,7 @@ def test_the_earliest_completed_stop_wins() -> None:
     stops = StopStrings(["abcd", "c"])
     assert stops.feed("xab") == "x"  # "ab" may begin "abcd"
     assert stops.feed("cd") == "ab" and stops.stopped  # "c" completed first: cut before it
+    assert stops.matched == "c"
 
 
 def test_a_stop_inside_one_piece_cuts_within_it() -> None:

@@ -21,13 +21,14 @@ import pytest
 from pydantic import BaseModel, TypeAdapter
 
 import edge.endpoints
-from edge.endpoints import chat, completions, embeddings, interactive, models, rerank, responses, tokenize
+from edge.endpoints import chat, completions, embeddings, interactive, messages, models, rerank, responses, tokenize
 from edge.endpoints.common import ResponseModel
 from edge.endpoints.llm_common import Collected, Shape
 from edge.errors import OpenAIError
 from edge.state import Limits
 from edge.state.memory import MemoryStore
 from edge.streaming import ChunkFraming, Framing
+from tests.support import anthropic_schema
 from tests.support.openai_schema import validate
 from tests.support.streams import parse_events, validate_completion_chunk
 from tritongate.common.v1 import common_pb2, tokenizer_pb2
@@ -106,10 +107,10 @@ def framed(framing: Framing, generation: Generation) -> Iterator[bytes]:
     """What the generation path writes for `generation` (a delta with content, then each finish)."""
     yield from framing.start(llm_pb2.Accepted(prompt_tokens=USAGE.prompt_tokens, choices=generation.choices))
     for delta in generation.deltas:
-        if delta.text or delta.logprobs or delta.tool_calls:
+        if delta.text or delta.logprobs or delta.tool_calls or delta.reasoning:
             yield from framing.delta(delta)
         if delta.finish_reason:
-            yield from framing.end(delta.index, delta.finish_reason)
+            yield from framing.end(delta.index, delta.finish_reason, delta.stop_string)
     yield from framing.finish(USAGE)
 
 
@@ -173,6 +174,31 @@ def responses_cases() -> Iterator[Case]:
             for i, (event, payload) in enumerate(sse_payloads(framed(recorder.events(head), generation))):
                 assert event == payload["type"]
                 yield Case(f"{name}: event {i} {event}", responses.ResponseStreamEvent, payload, "ResponseStreamEvent")
+
+
+THINKING = [llm_pb2.Delta(reasoning="Hmm, "), llm_pb2.Delta(reasoning="Paris.", text="It is"),
+            llm_pb2.Delta(text=" Paris."), llm_pb2.Delta(finish_reason="stop")]
+MESSAGE_GENERATIONS = [*GENERATIONS[:2], GENERATIONS[3], *WITH_CALLS, Generation("thinking", 1, THINKING),
+                       Generation("stop string", 1, [llm_pb2.Delta(text="1, 2"),
+                                                     llm_pb2.Delta(finish_reason="stop", stop_string=", 3")])]
+
+
+def messages_cases() -> Iterator[Case]:
+    """Anthropic's Message, stream events, token count and error, also against its published shapes."""
+    shape = messages.MessageShape()
+    head = {**HEAD, "object": shape.object}
+    for generation in MESSAGE_GENERATIONS:
+        name = f"message {generation.name}"
+        yield Case(f"{name}: response", messages.Message, shape.response(head, collected(generation), USAGE),
+                   anthropic_schema.validate_message)
+        for i, (event, payload) in enumerate(sse_payloads(framed(shape.events(head), generation))):
+            assert event == payload["type"]
+            yield Case(f"{name}: event {i} {event}", messages.MessageStreamEvent, payload,
+                       anthropic_schema.validate_event)
+    yield Case("message token count", messages.TokenCount, messages.token_count(12), anthropic_schema.validate_count)
+    for status in (400, 401, 404, 413, 429, 500, 503, 504):
+        yield Case(f"message error {status}", messages.AnthropicError,
+                   OpenAIError(status, "refused").body("/v1/messages"), anthropic_schema.validate_error)
 
 
 def embedding_cases() -> Iterator[Case]:
@@ -267,8 +293,8 @@ async def interactive_cases() -> list[Case]:
 
 @pytest.fixture(scope="module")
 def cases() -> list[Case]:
-    return [*chat_cases(), *completion_cases(), *responses_cases(), *embedding_cases(), *rerank_cases(),
-            *model_cases(), *tokenize_cases(), *asyncio.run(interactive_cases())]
+    return [*chat_cases(), *completion_cases(), *responses_cases(), *messages_cases(), *embedding_cases(),
+            *rerank_cases(), *model_cases(), *tokenize_cases(), *asyncio.run(interactive_cases())]
 
 
 def exactly(schema: type[BaseModel] | TypeAdapter[Any], payload: Any) -> Any:

@@ -22,27 +22,28 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from tritongate.llm.v1 import llm_pb2 as tritongate_dot_llm_dot_v1_dot_llm__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$tritongate/common/v1/tokenizer.proto\x12\x14tritongate.common.v1\"5\n\x14TokenizerChatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"M\n\rTokenizerChat\x12<\n\x08messages\x18\x01 \x03(\x0b\x32*.tritongate.common.v1.TokenizerChatMessage\"\x8c\x01\n\x0fTokenizeRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x10\n\x06prompt\x18\x02 \x01(\tH\x00\x12\x33\n\x04\x63hat\x18\x03 \x01(\x0b\x32#.tritongate.common.v1.TokenizerChatH\x00\x12\x1a\n\x12\x61\x64\x64_special_tokens\x18\x04 \x01(\x08\x42\x07\n\x05input\"9\n\x10TokenizeResponse\x12\x0e\n\x06tokens\x18\x01 \x03(\r\x12\x15\n\rmax_model_len\x18\x02 \x01(\r\"2\n\x11\x44\x65tokenizeRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x06tokens\x18\x02 \x03(\r\"$\n\x12\x44\x65tokenizeResponse\x12\x0e\n\x06prompt\x18\x01 \x01(\t2\xce\x01\n\x10TokenizerService\x12Y\n\x08Tokenize\x12%.tritongate.common.v1.TokenizeRequest\x1a&.tritongate.common.v1.TokenizeResponse\x12_\n\nDetokenize\x12\'.tritongate.common.v1.DetokenizeRequest\x1a(.tritongate.common.v1.DetokenizeResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$tritongate/common/v1/tokenizer.proto\x12\x14tritongate.common.v1\x1a\x1btritongate/llm/v1/llm.proto\"5\n\x14TokenizerChatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"M\n\rTokenizerChat\x12<\n\x08messages\x18\x01 \x03(\x0b\x32*.tritongate.common.v1.TokenizerChatMessage\"\xc6\x01\n\x0fTokenizeRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x10\n\x06prompt\x18\x02 \x01(\tH\x00\x12\x33\n\x04\x63hat\x18\x03 \x01(\x0b\x32#.tritongate.common.v1.TokenizerChatH\x00\x12\x38\n\ngeneration\x18< \x01(\x0b\x32\".tritongate.llm.v1.GenerateRequestH\x00\x12\x1a\n\x12\x61\x64\x64_special_tokens\x18\x04 \x01(\x08\x42\x07\n\x05input\"9\n\x10TokenizeResponse\x12\x0e\n\x06tokens\x18\x01 \x03(\r\x12\x15\n\rmax_model_len\x18\x02 \x01(\r\"2\n\x11\x44\x65tokenizeRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x06tokens\x18\x02 \x03(\r\"$\n\x12\x44\x65tokenizeResponse\x12\x0e\n\x06prompt\x18\x01 \x01(\t2\xce\x01\n\x10TokenizerService\x12Y\n\x08Tokenize\x12%.tritongate.common.v1.TokenizeRequest\x1a&.tritongate.common.v1.TokenizeResponse\x12_\n\nDetokenize\x12\'.tritongate.common.v1.DetokenizeRequest\x1a(.tritongate.common.v1.DetokenizeResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'tritongate.common.v1.tokenizer_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_TOKENIZERCHATMESSAGE']._serialized_start=62
-  _globals['_TOKENIZERCHATMESSAGE']._serialized_end=115
-  _globals['_TOKENIZERCHAT']._serialized_start=117
-  _globals['_TOKENIZERCHAT']._serialized_end=194
-  _globals['_TOKENIZEREQUEST']._serialized_start=197
-  _globals['_TOKENIZEREQUEST']._serialized_end=337
-  _globals['_TOKENIZERESPONSE']._serialized_start=339
-  _globals['_TOKENIZERESPONSE']._serialized_end=396
-  _globals['_DETOKENIZEREQUEST']._serialized_start=398
-  _globals['_DETOKENIZEREQUEST']._serialized_end=448
-  _globals['_DETOKENIZERESPONSE']._serialized_start=450
-  _globals['_DETOKENIZERESPONSE']._serialized_end=486
-  _globals['_TOKENIZERSERVICE']._serialized_start=489
-  _globals['_TOKENIZERSERVICE']._serialized_end=695
+  _globals['_TOKENIZERCHATMESSAGE']._serialized_start=91
+  _globals['_TOKENIZERCHATMESSAGE']._serialized_end=144
+  _globals['_TOKENIZERCHAT']._serialized_start=146
+  _globals['_TOKENIZERCHAT']._serialized_end=223
+  _globals['_TOKENIZEREQUEST']._serialized_start=226
+  _globals['_TOKENIZEREQUEST']._serialized_end=424
+  _globals['_TOKENIZERESPONSE']._serialized_start=426
+  _globals['_TOKENIZERESPONSE']._serialized_end=483
+  _globals['_DETOKENIZEREQUEST']._serialized_start=485
+  _globals['_DETOKENIZEREQUEST']._serialized_end=535
+  _globals['_DETOKENIZERESPONSE']._serialized_start=537
+  _globals['_DETOKENIZERESPONSE']._serialized_end=573
+  _globals['_TOKENIZERSERVICE']._serialized_start=576
+  _globals['_TOKENIZERSERVICE']._serialized_end=782
 # @@protoc_insertion_point(module_scope)

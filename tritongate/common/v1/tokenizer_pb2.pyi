@@ -9,6 +9,7 @@ from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
+from tritongate.llm.v1 import llm_pb2 as _llm_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -77,6 +78,7 @@ class TokenizeRequest(_message.Message):
     MODEL_FIELD_NUMBER: _builtins.int
     PROMPT_FIELD_NUMBER: _builtins.int
     CHAT_FIELD_NUMBER: _builtins.int
+    GENERATION_FIELD_NUMBER: _builtins.int
     ADD_SPECIAL_TOKENS_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     """Public model id."""
@@ -88,19 +90,26 @@ class TokenizeRequest(_message.Message):
     def chat(self) -> Global___TokenizerChat:
         """A chat, rendered with the model's chat template (with the generation prompt) first; LLMs only."""
 
+    @_builtins.property
+    def generation(self) -> _llm_pb2.GenerateRequest:
+        """A whole generation input (its chat with tools and template variables, or its prompts), tokenized
+        exactly as Generate would tokenize it; LLMs only (Anthropic's count_tokens).
+        """
+
     def __init__(
         self,
         *,
         model: _builtins.str = ...,
         prompt: _builtins.str = ...,
         chat: Global___TokenizerChat | None = ...,
+        generation: _llm_pb2.GenerateRequest | None = ...,
         add_special_tokens: _builtins.bool = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["chat", b"chat", "input", b"input", "prompt", b"prompt"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["chat", b"chat", "generation", b"generation", "input", b"input", "prompt", b"prompt"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["add_special_tokens", b"add_special_tokens", "chat", b"chat", "input", b"input", "model", b"model", "prompt", b"prompt"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["add_special_tokens", b"add_special_tokens", "chat", b"chat", "generation", b"generation", "input", b"input", "model", b"model", "prompt", b"prompt"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_input: _TypeAlias = _typing.Literal["prompt", "chat"]  # noqa: Y015
+    _WhichOneofReturnType_input: _TypeAlias = _typing.Literal["prompt", "chat", "generation"]  # noqa: Y015
     _WhichOneofArgType_input: _TypeAlias = _typing.Literal["input", b"input"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_input) -> _WhichOneofReturnType_input | None: ...
 

@@ -629,6 +629,7 @@ class Delta(_message.Message):
     LOGPROBS_FIELD_NUMBER: _builtins.int
     TOOL_CALLS_FIELD_NUMBER: _builtins.int
     REASONING_FIELD_NUMBER: _builtins.int
+    STOP_STRING_FIELD_NUMBER: _builtins.int
     index: _builtins.int
     """Which completion (0 .. choices-1) this increment belongs to."""
     text: _builtins.str
@@ -637,6 +638,10 @@ class Delta(_message.Message):
     """Empty while generating; "stop", "length" or "tool_calls" on the completion's last increment."""
     reasoning: _builtins.str
     """The model's reasoning (thinking) produced since the previous increment (never in `text`)."""
+    stop_string: _builtins.str
+    """The stop string (of the request's `stop`) that ended the completion, on its last increment; empty when
+    it ended otherwise (the end id, a stop word, the token limit, or a backend that cut the string itself).
+    """
     @_builtins.property
     def logprobs(self) -> _containers.RepeatedCompositeFieldContainer[Global___TokenLogprob]:
         """Log probabilities of the tokens behind `text`, when requested."""
@@ -654,10 +659,11 @@ class Delta(_message.Message):
         logprobs: _abc.Iterable[Global___TokenLogprob] | None = ...,
         tool_calls: _abc.Iterable[Global___ToolCallDelta] | None = ...,
         reasoning: _builtins.str = ...,
+        stop_string: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["finish_reason", b"finish_reason", "index", b"index", "logprobs", b"logprobs", "reasoning", b"reasoning", "text", b"text", "tool_calls", b"tool_calls"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["finish_reason", b"finish_reason", "index", b"index", "logprobs", b"logprobs", "reasoning", b"reasoning", "stop_string", b"stop_string", "text", b"text", "tool_calls", b"tool_calls"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

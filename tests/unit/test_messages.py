@@ -1,0 +1,161 @@
+"""Anthropic's Messages requests → the one generation input (edge/endpoints/messages.py): blocks to chat
+messages, tools and tool_choice, thinking, and each refusal naming its place; errors in Anthropic's shape on
+its routes only."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
+
+from edge.endpoints import messages
+from edge.endpoints.common import ParamError
+from edge.endpoints.llm_common import Collected
+from edge.errors import OpenAIError, from_validation
+from tests.support.anthropic_schema import validate_error
+from tritongate.common.v1 import common_pb2
+from tritongate.llm.v1 import llm_pb2
+
+USAGE = common_pb2.Usage(prompt_tokens=3, completion_tokens=1, total_tokens=4)
+
+TOOL = {"name": "get_time", "description": "The time in a zone.",
+        "input_schema": {"type": "object", "properties": {"zone": {"type": "string"}}}}
+ROUND_TRIP = [
+    {"role": "user", "content": "What time is it in Rome?"},
+    {"role": "assistant", "content": [{"type": "thinking", "thinking": "Use the tool.", "signature": "s"},
+                                      {"type": "text", "text": "Checking."},
+                                      {"type": "tool_use", "id": "toolu_1", "name": "get_time",
+                                       "input": {"zone": "Europe/Rome"}}]},
+    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
+                                  "content": [{"type": "text", "text": "13:00"}]},
+                                 {"type": "text", "text": "Thanks."}]},
+]
+
+
+def request(**fields: Any) -> messages.MessagesRequest:
+    return messages.MessagesRequest.model_validate({"model": "m", "max_tokens": 64,
+                                                    "messages": [{"role": "user", "content": "hi"}], **fields})
+
+
+def refusal(**fields: Any) -> tuple[str | None, str]:
+    """The parameter and message a bad request is refused with (as the edge's error handler reads them)."""
+    try:
+        messages.generation_input(request(**fields))
+    except ValidationError as exc:
+        error = from_validation(RequestValidationError(exc.errors(), body=None))
+        return error.param, error.message
+    except ParamError as exc:
+        return exc.param, exc.message
+    raise AssertionError("not refused")
+
+
+def test_a_tool_round_trip_becomes_chat_messages_with_calls_results_and_reasoning() -> None:
+    generation = messages.generation_input(request(system=[{"type": "text", "text": "Be brief."}],
+                                                   messages=ROUND_TRIP, tools=[TOOL]))
+    system, user, assistant, tool, thanks = generation.messages
+    assert (system.role, system.content) == ("system", "Be brief.")
+    assert (user.role, user.content) == ("user", "What time is it in Rome?")
+    assert assistant.content == "Checking." and assistant.reasoning == "Use the tool."
+    assert [(c.id, c.name, c.arguments) for c in assistant.tool_calls] == [("toolu_1", "get_time",
+                                                                           '{"zone": "Europe/Rome"}')]
+    assert (tool.role, tool.tool_call_id, tool.content) == ("tool", "toolu_1", "13:00")
+    assert (thanks.role, thanks.content) == ("user", "Thanks.")
+    [proto_tool] = generation.proto().chat.tools
+    assert proto_tool.name == "get_time" and proto_tool.description == "The time in a zone."
+    assert generation.proto().chat.tool_choice.mode == "auto"
+
+
+def test_consecutive_turns_of_one_role_are_joined() -> None:
+    generation = messages.generation_input(request(messages=[{"role": "user", "content": "one"},
+                                                             {"role": "user", "content": [{"type": "text",
+                                                                                           "text": "two"}]}]))
+    [user] = generation.messages
+    assert user.content == "one\ntwo"
+
+
+def test_sampling_stop_sequences_and_names() -> None:
+    proto = messages.generation_input(request(temperature=0.5, top_p=0.9, top_k=40, stop_sequences=["\n\n", "END"],
+                                              metadata={"user_id": "u1"}, stream=True)).proto()
+    assert (proto.max_tokens, proto.top_k, list(proto.stop)) == (64, 40, ["\n\n", "END"])
+    assert proto.temperature == pytest.approx(0.5) and proto.top_p == pytest.approx(0.9)
+    assert messages.generation_input(request()).param("stop") == "stop_sequences"
+
+
+@pytest.mark.parametrize(("choice", "mode", "function", "parallel"), [
+    ({"type": "auto"}, "auto", "", None),
+    ({"type": "any", "disable_parallel_tool_use": True}, "required", "", False),
+    ({"type": "tool", "name": "get_time"}, "function", "get_time", None),
+    ({"type": "none"}, "none", "", None),
+])
+def test_tool_choice(choice: dict[str, Any], mode: str, function: str, parallel: bool | None) -> None:
+    generation = messages.generation_input(request(tools=[TOOL], tool_choice=choice))
+    assert (generation.choice.mode, generation.choice.function, generation.parallel_tool_calls) == \
+        (mode, function, parallel)
+
+
+@pytest.mark.parametrize(("thinking", "enabled"), [({"type": "enabled", "budget_tokens": 1024}, True),
+                                                   ({"type": "disabled"}, False), (None, None)])
+def test_thinking_switches_the_templates_enable_thinking(thinking: Any, enabled: bool | None) -> None:
+    proto = messages.generation_input(request(max_tokens=2048, thinking=thinking)).proto()
+    assert dict(proto.chat_template_kwargs).get("enable_thinking") == enabled
+
+
+@pytest.mark.parametrize(("fields", "param", "words"), [
+    ({"max_tokens": None}, "max_tokens", "max_tokens"),
+    ({"messages": []}, "messages", "non-empty"),
+    ({"messages": [{"role": "system", "content": "x"}]}, "messages[0].role", "top-level 'system'"),
+    ({"messages": [{"role": "user", "content": [{"type": "video", "url": "x"}]}]}, "messages[0].content[0].type",
+     "'video'"),
+    ({"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_9",
+                                                 "content": "x"}]}]}, "messages[0].content[0].tool_use_id",
+     "toolu_9"),
+    ({"messages": [*ROUND_TRIP[:2], {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_2",
+                                                                  "content": "x"}]}]},
+     "messages[2].content[0].tool_use_id", "toolu_2"),
+    ({"messages": [{"role": "user", "content": [{"type": "image", "source": {
+        "type": "url", "url": "https://example.com/a.png"}}]}]}, "messages[0].content[0]", "image"),
+    ({"tools": [TOOL], "tool_choice": {"type": "tool", "name": "get_weather"}}, "tool_choice.name", "get_weather"),
+    ({"tools": [TOOL], "tool_choice": {"type": "tool"}}, "tool_choice.name", "None"),
+    ({"tool_choice": {"type": "any"}}, "tool_choice", "needs 'tools'"),
+    ({"tools": [{"name": "x"}]}, "tools[0].input_schema", "input_schema"),
+    ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools[0].type", "web_search_20250305"),
+    ({"thinking": {"type": "enabled", "budget_tokens": 100}}, "thinking.budget_tokens", "1024"),
+    ({"max_tokens": 1024, "thinking": {"type": "enabled", "budget_tokens": 1024}}, "thinking.budget_tokens",
+     "less than"),
+    ({"temperature": 1.5}, "temperature", "temperature"),
+    ({"stop_sequences": "END"}, "stop_sequences", "array"),
+    ({"system": [{"type": "image"}]}, "system[0].type", "text"),
+])
+def test_bad_input_is_refused_naming_its_place(fields: dict[str, Any], param: str, words: str) -> None:
+    body = {key: value for key, value in fields.items() if value is not None}
+    if "max_tokens" in fields and fields["max_tokens"] is None:
+        with pytest.raises(ValidationError) as missing:
+            messages.MessagesRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+        error = from_validation(RequestValidationError(missing.value.errors(), body=None))
+        assert error.param == "max_tokens" and words in error.message
+        return
+    found, message = refusal(**body)
+    assert found == param and words in message, message
+
+
+def test_a_stop_string_and_each_finish_give_anthropics_stop_reason() -> None:
+    shape = messages.MessageShape()
+    head = {"id": "msg-1", "model": "m"}
+    for finish, stop, expected in [("stop", "", ("end_turn", None)), ("length", "", ("max_tokens", None)),
+                                   ("tool_calls", "", ("tool_use", None)), ("stop", "END", ("stop_sequence", "END"))]:
+        choice = Collected()
+        choice.add(llm_pb2.Delta(text="x", finish_reason=finish, stop_string=stop))
+        answer = shape.response(head, [choice], USAGE)
+        assert (answer["stop_reason"], answer["stop_sequence"]) == expected
+
+
+def test_errors_have_anthropics_shape_on_its_routes_only() -> None:
+    error = OpenAIError(404, "The model `x` does not exist.", "model", "model_not_found")
+    for path in ("/v1/messages", "/v1/messages/count_tokens"):
+        body = error.body(path)
+        validate_error(body)
+        assert body["error"] == {"type": "not_found_error", "message": "The model `x` does not exist."}
+    assert error.body("/v1/chat/completions")["error"]["code"] == "model_not_found"
+    assert error.body("/v1/messagesx")["error"]["param"] == "model"
