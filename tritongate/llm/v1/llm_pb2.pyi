@@ -430,7 +430,10 @@ class GenerateRequest(_message.Message):
 
     @_builtins.property
     def guide(self) -> Global___Guide:
-        """The output's format (`response_format`), enforced by the backend; unset: free text."""
+        """The output's format (`response_format`), enforced by the backend; unset: free text. A turn whose
+        `tool_choice` forces a call is held to the call's grammar instead: the format is for the answer that
+        follows the tool's result.
+        """
 
     def __init__(
         self,
