@@ -23,6 +23,7 @@ Knob = Literal[
     "top_logprobs",  # the most likely alternatives at each position
     "special_tokens",  # special tokens decoded into the text (skip_special_tokens: false)
     "guided_decoding",  # output constrained to a JSON Schema (response_format, tool_choice)
+    "images",  # images in the chat messages (the Triton model declares an image input)
 ]
 
 # Finish reasons a backend may report; without one the service decides from the token count.
@@ -57,6 +58,7 @@ class Sampling:
     stop: list[str] = field(default_factory=list)  # stop strings, for backends that take text
     bad: list[str] = field(default_factory=list)  # banned words as text, for backends that take text
     guide: str = ""  # a JSON Schema (JSON text) the output must match, by guided decoding; "": free text
+    images: list[bytes] = field(default_factory=list)  # the chat's image files, in order (backends with "images")
 
 
 @dataclass
