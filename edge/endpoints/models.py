@@ -32,6 +32,7 @@ class Model(ResponseModel):
     root: str
     parent: str | None
     max_model_len: int | None
+    image_input: bool  # whether the model takes images in chat messages (image_url / input_image parts)
     permission: list[ModelPermission]
 
 
@@ -50,6 +51,7 @@ def model_object(card: common_pb2.ModelCard) -> dict[str, Any]:
         "root": card.id,
         "parent": None,
         "max_model_len": card.max_model_len or None,
+        "image_input": card.image_input,
         "permission": [{
             "id": f"modelperm-{card.id}",
             "object": "model_permission",
