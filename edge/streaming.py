@@ -19,8 +19,10 @@ from fastapi import Request, Response
 
 from edge.cancel import until_disconnected
 from edge.clients import Generation, LlmClient
+from edge.deps import settings
 from edge.endpoints.common import usage_object
 from edge.endpoints.generation import GenerationInput
+from edge.endpoints.images import ImageLimits, attach
 from edge.endpoints.llm_common import Collected, Shape
 from edge.sse import data_event, sse_response
 from tritongate.common.v1 import common_pb2
@@ -102,6 +104,9 @@ async def run(request: Request, client: LlmClient, generation_input: GenerationI
     finished generation (a stored Response, a session's turn), before the client sees the end."""
     head = {"id": f"{collector.prefix}-{uuid.uuid4().hex}", "object": collector.object,
             "created": int(time.time()), "model": generation_input.model}
+    if generation_input.images:
+        card = await client.directory.route(generation_input.model, client.service)
+        await attach(generation_input.images, card, ImageLimits.of(settings(request)))
     generation = await client.generate(generation_input.proto(), generation_input.names)
     try:
         accepted = await until_disconnected(request, generation.accepted())

@@ -104,6 +104,16 @@ class Settings(BaseSettings):
     # Edge processes sharing the port (`tritongate edge --workers`; launcher/workers.py); "auto": auto_workers().
     edge_workers: int = Field(1, ge=1)
 
+    # Images in chat messages (edge/endpoints/images.py): the bytes one image may have, the images one
+    # request may carry, and the hosts whose http(s) URLs the edge fetches (none: only `data:` URLs).
+    # Fetched URLs never reach a private, loopback or link-local address, unless it lies in one of
+    # `image_allowed_networks` (CIDR, e.g. an internal image store's "10.1.2.0/24").
+    image_max_bytes: int = Field(10 * 1024 * 1024, ge=1)
+    image_max_count: int = Field(8, ge=0)
+    image_allowed_hosts: list[str] = Field(default_factory=list)
+    image_allowed_networks: list[str] = Field(default_factory=list)
+    image_fetch_timeout_s: float = Field(10.0, gt=0)
+
     @field_validator("edge_workers", mode="before")
     @classmethod
     def _auto_workers(cls, value: object) -> object:

@@ -5,10 +5,19 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Self
 
-from pydantic import Field, ValidationInfo, WithJsonSchema, field_validator, model_validator
+from pydantic import (
+    Field,
+    ModelWrapValidatorHandler,
+    PrivateAttr,
+    ValidationInfo,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 
 from edge.endpoints.common import UINT32_MAX, Head, OpenAIRequest, ParamError, ResponseModel, Usage, usage_object
 from edge.endpoints.generation import GenerationInput
+from edge.endpoints.images import PendingImage, chat_part_url
 from edge.endpoints.llm_common import Collected, GenerationRequest
 from edge.endpoints.tools import (
     MAX_TOOLS,
@@ -28,8 +37,11 @@ ROLES = {"system": "system", "developer": "system", "user": "user", "assistant":
 # What the validators below accept, as /openapi.json declares it.
 TEXT_PART = {"type": "object", "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
              "required": ["type", "text"]}
-Content = Annotated[Any, WithJsonSchema({"anyOf": [{"type": "string"}, {"type": "array", "items": TEXT_PART},
-                                                   {"type": "null"}]})]
+IMAGE_PART = {"type": "object", "properties": {"type": {"const": "image_url"}, "image_url": {
+    "type": "object", "properties": {"url": {"type": "string"}, "detail": {"enum": ["auto", "low", "high"]}},
+    "required": ["url"]}}, "required": ["type", "image_url"]}
+Content = Annotated[Any, WithJsonSchema({"anyOf": [{"type": "string"}, {"type": "array", "items": {
+    "anyOf": [TEXT_PART, IMAGE_PART]}}, {"type": "null"}]})]
 _FUNCTION = {"type": "object", "properties": {"name": {"type": "string"}, "description": {"type": "string"},
                                               "parameters": {"type": "object"}, "strict": {"type": "boolean"}},
              "required": ["name"]}
@@ -61,6 +73,22 @@ class ChatMessage(OpenAIRequest):
     tool_calls: Annotated[Any, WithJsonSchema({"type": "array", "items": _CALL})] = None
     function_call: Annotated[Any, WithJsonSchema({"type": "object"})] = None  # legacy: one call
     tool_call_id: str | None = Field(None, validate_default=True)
+    # The `image_url` parts of a user message: (place in `content`, URL), loaded later (edge/endpoints/images.py).
+    _image_urls: list[tuple[int, Any]] = PrivateAttr(default_factory=list)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _images(cls, data: Any, handler: ModelWrapValidatorHandler[ChatMessage]) -> ChatMessage:
+        message = handler(data)
+        content = data.get("content") if isinstance(data, dict) else None
+        if isinstance(content, list):
+            message._image_urls = [(j, chat_part_url(part)) for j, part in enumerate(content)
+                                   if isinstance(part, dict) and part.get("type") == "image_url"]
+        return message
+
+    @property
+    def image_urls(self) -> list[tuple[int, Any]]:
+        return self._image_urls
 
     @field_validator("role")
     @classmethod
@@ -97,7 +125,8 @@ class ChatMessage(OpenAIRequest):
     @field_validator("content")
     @classmethod
     def _content(cls, value: Any, info: ValidationInfo) -> str:
-        """A string or a list of text parts (joined with newlines); other parts are refused."""
+        """A string or a list of text parts (joined with newlines) and, in a user message, image parts
+        (collected by `_images`); other parts are refused."""
         if value is None and info.data.get("role") == "assistant":
             return ""
         if value is None:
@@ -111,8 +140,12 @@ class ChatMessage(OpenAIRequest):
             kind = part.get("type") if isinstance(part, dict) else None
             if kind == "text" and isinstance(part.get("text"), str):
                 texts.append(part["text"])
+            elif kind == "image_url" and info.data.get("role") == "user":
+                if not isinstance(chat_part_url(part), str):
+                    raise ParamError(f"content part {i} of type 'image_url' needs 'image_url': {{'url': ...}}")
             elif kind in ("image_url", "input_audio", "file", "refusal"):
-                raise ParamError(f"content part {i} is of type '{kind}': only text parts are supported")
+                raise ParamError(f"content part {i} is of type '{kind}': only text parts (and image_url parts in "
+                                 "user messages) are supported")
             else:
                 raise ParamError(f"content part {i} must be an object with type 'text' and a string 'text'")
         return "\n".join(texts)
@@ -165,6 +198,12 @@ def message_proto(message: ChatMessage) -> llm_pb2.ChatMessage:
                                name=message.name or "", tool_calls=calls, tool_call_id=tool_call_id)
 
 
+def pending_images(body: ChatCompletionRequest, messages: list[llm_pb2.ChatMessage]) -> list[PendingImage]:
+    return [PendingImage(proto, url, f"messages[{i}].content[{j}].image_url.url")
+            for i, (message, proto) in enumerate(zip(body.messages, messages, strict=True))
+            for j, url in message.image_urls]
+
+
 def generation_input(body: ChatCompletionRequest) -> GenerationInput:
     if body.legacy_functions:
         names: dict[str, str] = LEGACY_NAMES
@@ -176,9 +215,10 @@ def generation_input(body: ChatCompletionRequest) -> GenerationInput:
         choice = tool_choice(body.tool_choice, tools, "tool_choice")
     variables = {**({"reasoning_effort": body.reasoning_effort} if body.reasoning_effort else {}),
                  **(body.chat_template_kwargs or {})}
+    messages = [message_proto(m) for m in body.messages]
     return GenerationInput(
         model=body.model, sampling=body.sampling(body.max_completion_tokens or body.max_tokens),
-        messages=[message_proto(m) for m in body.messages], stream=bool(body.stream), tools=tools,
+        messages=messages, images=pending_images(body, messages), stream=bool(body.stream), tools=tools,
         tool_choice=choice, guide=response_guide(body.response_format),
         # A legacy answer holds one function_call.
         parallel_tool_calls=False if body.legacy_functions else body.parallel_tool_calls,

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from edge.endpoints.images import PendingImage
 from tritongate.llm.v1 import llm_pb2
 
 INT64_LIMIT = 2**63  # seeds from 2^63 to 2^64 - 1 (OpenAI allows them) travel as their int64 bit pattern
@@ -68,6 +69,7 @@ class GenerationInput:
     sampling: Sampling
     messages: Sequence[llm_pb2.ChatMessage] = ()
     prompts: Sequence[llm_pb2.Prompt] = ()
+    images: Sequence[PendingImage] = ()  # the messages' images, loaded into them before the request is sent
     stream: bool = False
     tools: Sequence[llm_pb2.Tool] = ()
     tool_choice: llm_pb2.ToolChoice | None = None  # None: "auto" with tools, else "none"

@@ -68,6 +68,10 @@ class InteractiveRequest(OpenAIRequest):
 
     @model_validator(mode="after")
     def _output(self) -> Self:
+        for i, message in enumerate(self.prompt if isinstance(self.prompt, list) else []):
+            if message.image_urls:  # a session keeps text only
+                place = f"prompt[{i}].content[{message.image_urls[0][0]}]"
+                raise ParamError(f"'{place}': interactive sessions take text only, not images", place)
         if self.request_output_len == 0 and not ends_session(self):
             raise ParamError("'request_output_len' must be at least 1 (0 only to end a session).",
                              "request_output_len")

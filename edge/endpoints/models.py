@@ -33,6 +33,7 @@ class Model(ResponseModel):
     root: str
     parent: str | None
     max_model_len: int | None
+    image_input: bool  # whether the model takes images in chat messages (image_url / input_image parts)
     permission: list[ModelPermission]
 
 
@@ -51,6 +52,7 @@ def model_object(card: common_pb2.ModelCard) -> dict[str, Any]:
         "root": card.id,
         "parent": card.parent or None,  # a LoRA adapter's base model
         "max_model_len": card.max_model_len or None,
+        "image_input": card.image_input,
         "permission": [{
             "id": f"modelperm-{card.id}",
             "object": "model_permission",

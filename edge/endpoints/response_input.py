@@ -1,16 +1,19 @@
 """A Responses request's `input` as the generation's chat messages: message items, and the function calls
 of an earlier answer (`function_call` items) with their results (`function_call_output` items), which
 become chat's assistant `tool_calls` and `tool` messages, so that an agent's next turn reads as chat's
-would. A refused item names its own place in the request (`input[3].content`). A stored conversation
-is kept as chat messages in OpenAI's JSON (`chat_json`), read back through chat's own message rules.
+would. A refused item names its own place in the request (`input[3].content`). A message's
+`input_image` parts become its images (loaded by edge/endpoints/images.py, as chat's `image_url` parts).
+A stored conversation is kept as chat messages in OpenAI's JSON (`chat_json`, images as `data:` URLs),
+read back through chat's own message rules.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from edge.endpoints.chat import ChatMessage, message_proto
 from edge.endpoints.common import ParamError
+from edge.endpoints.images import PendingImage, data_url, stored_image
 from edge.endpoints.tools import call_json
 from tritongate.llm.v1 import llm_pb2
 
@@ -21,8 +24,16 @@ ITEM_TYPES = ("message", "function_call", "function_call_output")
 Message = dict[str, Any]  # one chat message in OpenAI's JSON: role, content, and tool_calls or tool_call_id
 
 
-def _item_text(content: Any, where: str) -> str:
-    """A message item's content (or a call output): a string, or text parts (joined with newlines)."""
+class InputMessages(NamedTuple):
+    """`input` as chat messages, and the images their `input_image` parts name."""
+
+    messages: list[llm_pb2.ChatMessage]
+    images: list[PendingImage]
+
+
+def _item_text(content: Any, where: str, images: list[tuple[str, Any]] | None = None) -> str:
+    """A message item's content (or a call output): a string, or text parts (joined with newlines); with
+    `images`, a user message's `input_image` parts are added to it as (parameter, URL)."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
@@ -32,9 +43,16 @@ def _item_text(content: Any, where: str) -> str:
         kind = part.get("type") if isinstance(part, dict) else None
         if kind in TEXT_PARTS and isinstance(part.get("text"), str):
             texts.append(part["text"])
+        elif kind == "input_image" and images is not None and isinstance(part.get("image_url"), str):
+            images.append((f"{where}[{j}].image_url", part["image_url"]))
+        elif kind == "input_image" and images is not None:
+            raise ParamError(f"'{where}[{j}].image_url' must be a string (a data: or http(s) URL; file_id is not "
+                             "supported)", f"{where}[{j}].image_url")
         else:
+            accepted = "input_text, output_text and, in user messages, input_image" if images is not None \
+                else "input_text and output_text"
             raise ParamError(f"'{where}[{j}]': content parts of type {kind!r} are not supported: only "
-                             "input_text and output_text", f"{where}[{j}]")
+                             f"{accepted}", f"{where}[{j}]")
     return "\n".join(texts)
 
 
@@ -54,12 +72,15 @@ def _call(item: dict[str, Any], where: str) -> llm_pb2.ToolCall:
                             arguments=arguments)
 
 
-def _message(item: dict[str, Any], where: str) -> llm_pb2.ChatMessage:
+def _message(item: dict[str, Any], where: str, pending: list[PendingImage]) -> llm_pb2.ChatMessage:
     role = item.get("role")
     if role not in ROLES:
         raise ParamError(f"'{where}.role' must be one of {', '.join(ROLES)}; got {role!r}", f"{where}.role")
-    return llm_pb2.ChatMessage(role="system" if role == "developer" else role,
-                               content=_item_text(item.get("content"), f"{where}.content"))
+    images: list[tuple[str, Any]] = []
+    message = llm_pb2.ChatMessage(role="system" if role == "developer" else role, content=_item_text(
+        item.get("content"), f"{where}.content", images if role == "user" else None))
+    pending.extend(PendingImage(message, url, param) for param, url in images)
+    return message
 
 
 def _add_call(messages: list[llm_pb2.ChatMessage], call: llm_pb2.ToolCall) -> None:
@@ -71,22 +92,23 @@ def _add_call(messages: list[llm_pb2.ChatMessage], call: llm_pb2.ToolCall) -> No
         messages.append(llm_pb2.ChatMessage(role="assistant", tool_calls=[call]))
 
 
-def input_messages(value: Any) -> list[llm_pb2.ChatMessage]:
+def input_messages(value: Any) -> InputMessages:
     """`input`: a string (one user message) or input items; any other item type is refused by name."""
     if isinstance(value, str):
         if not value:
             raise ParamError("'input' must not be empty", "input")
-        return [llm_pb2.ChatMessage(role="user", content=value)]
+        return InputMessages([llm_pb2.ChatMessage(role="user", content=value)], [])
     if not isinstance(value, list) or not value:
         raise ParamError("'input' must be a non-empty string or a non-empty array of input items", "input")
     messages: list[llm_pb2.ChatMessage] = []
+    images: list[PendingImage] = []
     for i, item in enumerate(value):
         where = f"input[{i}]"
         if not isinstance(item, dict):
             raise ParamError(f"'{where}' must be an object (an input item)", where)
         kind = item.get("type", "message")
         if kind == "message":
-            messages.append(_message(item, where))
+            messages.append(_message(item, where, images))
         elif kind == "function_call":
             _add_call(messages, _call(item, where))
         elif kind == "function_call_output":
@@ -95,11 +117,14 @@ def input_messages(value: Any) -> list[llm_pb2.ChatMessage]:
         else:
             raise ParamError(f"'{where}.type': input items of type {kind!r} are not supported: only "
                              f"{', '.join(repr(kind) for kind in ITEM_TYPES)} items", f"{where}.type")
-    return messages
+    return InputMessages(messages, images)
 
 
 def chat_json(message: llm_pb2.ChatMessage) -> Message:
     """A message as chat's JSON, as a stored conversation keeps it."""
+    if message.images:
+        parts = [{"type": "image_url", "image_url": {"url": data_url(image)}} for image in message.images]
+        return {"role": message.role, "content": [*parts, {"type": "text", "text": message.content}]}
     if not message.tool_calls:
         return {"role": message.role, "content": message.content, **(
             {"tool_call_id": message.tool_call_id} if message.tool_call_id else {})}
@@ -110,4 +135,7 @@ def chat_json(message: llm_pb2.ChatMessage) -> Message:
 
 def from_chat_json(message: Message) -> llm_pb2.ChatMessage:
     """A stored message, through chat's own message rules."""
-    return message_proto(ChatMessage.model_validate(message))
+    validated = ChatMessage.model_validate(message)
+    proto = message_proto(validated)
+    proto.images.extend(stored_image(url) for _, url in validated.image_urls)
+    return proto

@@ -24,8 +24,9 @@ from pydantic import Field, RootModel, WithJsonSchema, field_validator
 
 from edge.endpoints.common import UINT32_MAX, OpenAIRequest, ResponseModel
 from edge.endpoints.generation import GenerationInput, Sampling
+from edge.endpoints.images import PendingImage
 from edge.endpoints.llm_common import Collected, Temperature, TopP
-from edge.endpoints.response_input import Message, chat_json, from_chat_json, input_messages
+from edge.endpoints.response_input import InputMessages, Message, chat_json, from_chat_json, input_messages
 from edge.endpoints.tools import response_guide, tool_choice, tool_list
 from edge.errors import OpenAIError, bad_request
 from edge.state import Space
@@ -60,12 +61,16 @@ class ResponseRequest(OpenAIRequest):
 
     @field_validator("input")
     @classmethod
-    def _input(cls, value: Any) -> list[llm_pb2.ChatMessage]:
+    def _input(cls, value: Any) -> InputMessages:
         return input_messages(value)
 
     @property
     def messages(self) -> list[llm_pb2.ChatMessage]:
-        return self.input  # validated into messages
+        return self.input.messages  # validated into messages
+
+    @property
+    def images(self) -> list[PendingImage]:
+        return self.input.images
 
 
 def _echoed_tool(tool: dict[str, Any]) -> dict[str, Any]:
@@ -78,7 +83,7 @@ def generation_input(body: ResponseRequest, history: Sequence[llm_pb2.ChatMessag
     system = [llm_pb2.ChatMessage(role="system", content=body.instructions)] if body.instructions else []
     tools = tool_list(body.tools, "tools", "flat") if body.tools else []
     return GenerationInput(
-        model=body.model, messages=[*system, *history, *body.messages], stream=bool(body.stream),
+        model=body.model, messages=[*system, *history, *body.messages], images=body.images, stream=bool(body.stream),
         sampling=Sampling(max_tokens=body.max_output_tokens, temperature=body.temperature, top_p=body.top_p),
         tools=tools, tool_choice=tool_choice(body.tool_choice, tools, "tool_choice", "flat"),
         parallel_tool_calls=body.parallel_tool_calls,

@@ -26,6 +26,7 @@ Knob = Literal[
     "special_tokens",  # special tokens decoded into the text (skip_special_tokens: false)
     "guided_decoding",  # output constrained to a JSON Schema (response_format, tool_choice)
     "lora",  # LoRA adapters (services/llm/lora.py)
+    "images",  # images in the chat messages (the Triton model declares an image input)
 ]
 
 # Finish reasons a backend may report; without one the service decides from the token count.
@@ -61,6 +62,7 @@ class Sampling:
     bad: list[str] = field(default_factory=list)  # banned words as text, for backends that take text
     guide: str = ""  # a JSON Schema (JSON text) the output must match, by guided decoding; "": free text
     adapter: Adapter | None = None  # the LoRA adapter the request names; None: the base model
+    images: list[bytes] = field(default_factory=list)  # the chat's image files, in order (backends with "images")
 
 
 @dataclass

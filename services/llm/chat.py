@@ -11,6 +11,7 @@ template's message.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -104,6 +105,9 @@ class ChatTemplate:
             self.template = environment.from_string(source)
             # Whether the template renders `tools` itself (else the service describes them: services/llm/tools.py).
             self.uses_tools = "tools" in meta.find_undeclared_variables(environment.parse(source))
+            # Whether it places images: a multimodal template tests a content part for type 'image' (as
+            # Qwen2-VL's, Llama 3.2 Vision's and LLaVA's do); others get a message's text only.
+            self.takes_images = bool(re.search(r"""['"]image['"]""", source))
         except jinja2.TemplateSyntaxError as exc:
             raise ConfigError(f"chat template {origin}: line {exc.lineno}: {exc.message}") from None
         self.special_tokens = {key: value for key, value in special_tokens.items() if isinstance(value, str)}

@@ -46,7 +46,8 @@ _KNOB_INPUTS: dict[Knob, str] = {
 # cannot do: it falls back to the end id of its config.ini when none is sent, so `ignore_eos` is refused;
 # it has no guided decoding, so a JSON format or a forced tool call cannot be enforced.
 _SERVICE_KNOBS: dict[Knob, bool] = {"special_tokens": True, "ignore_eos": False, "min_p": False,
-                                    "top_logprobs": False, "guided_decoding": False, "lora": False}
+                                    "top_logprobs": False, "guided_decoding": False, "lora": False,
+                                    "images": False}
 
 
 

@@ -111,6 +111,7 @@ class LanguageModel(ServedModel):
     def card(self) -> common_pb2.ModelCard:
         card = super().card()
         card.max_model_len = self.policy.context_length
+        card.image_input = self.backend.supports("images")
         return card
 
     def cards(self) -> list[common_pb2.ModelCard]:
@@ -140,7 +141,7 @@ class LanguageModel(ServedModel):
             raise invalid_argument(f"Model `{self.name}` has no chat template: use /v1/completions, or set "
                                    "`chat_template` in the model configuration.", "model")
         native = self.template.uses_tools
-        messages = template_messages(chat, native)
+        messages = template_messages(chat, native, self.template.takes_images)
         tools = tool_objects(chat) if native and chat.tool_choice.mode != "none" else None
         variables = json_format.MessageToDict(chat_template_kwargs) if chat_template_kwargs.fields else None
         return self.template.render(messages, add_generation_prompt=True, variables=variables, tools=tools)
@@ -208,6 +209,7 @@ class LanguageModel(ServedModel):
         n = check_request(request, self.policy, len(prompts.ids))
         await self.ensure_ready()  # the backend and its knobs are known from here on
         base, stops = sampling(request, self.policy)
+        base.images = chat_images(request, self)
         tools = plan(request.chat, self.tool_family, self.policy) if request.HasField("chat") else ToolPlan()
         # A turn that forces a call is held to the call's grammar; the output format (`response_format`) is
         # for the answer after the tool's result, as OpenAI treats the pair (the Agents SDK sends both).
@@ -269,6 +271,16 @@ class LanguageModel(ServedModel):
             if parser.calls and last.finish_reason == "stop":
                 last.finish_reason = "tool_calls"
         yield last
+
+
+def chat_images(request: llm_pb2.GenerateRequest, model: LanguageModel) -> list[bytes]:
+    """The chat's image files in order; refused when the model's backend takes no images."""
+    found = [image.data for message in request.chat.messages for image in message.images]
+    if found and not model.backend.supports("images"):
+        raise invalid_argument(f"`messages` carry images, but model `{model.name}` does not take images (its "
+                               f"{model.backend.name} backend on Triton model `{model.entry.triton_name}` declares "
+                               "no image input).", "messages")
+    return found
 
 
 def _parse(parser: ToolCallParser, delta: llm_pb2.Delta, final: bool = False) -> bool:

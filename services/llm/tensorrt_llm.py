@@ -50,7 +50,8 @@ _KNOB_INPUTS: dict[Knob, tuple[str, ...]] = {
 }
 # Done by the service (special tokens: its detokenizer) or by leaving `end_id` out (ignore_eos); TensorRT-LLM's
 # Triton interface has neither min_p nor alternatives per token.
-_OTHER_KNOBS: dict[Knob, bool] = {"special_tokens": True, "ignore_eos": True, "min_p": False, "top_logprobs": False}
+_OTHER_KNOBS: dict[Knob, bool] = {"special_tokens": True, "ignore_eos": True, "min_p": False, "top_logprobs": False,
+                                  "images": False}
 # Guided decoding (TensorRT-LLM 0.17+, with `guided_decoding_backend` xgrammar in the model's parameters): the
 # guide's type (json, json_schema, regex, ebnf_grammar) and the guide itself.
 GUIDE_INPUTS = ("guided_decoding_guide_type", "guided_decoding_guide")

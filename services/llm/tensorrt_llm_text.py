@@ -45,8 +45,9 @@ _KNOB_INPUTS: dict[Knob, tuple[str, ...]] = {
     "ignore_eos": ("end_id",),
 }
 # Without token ids the service cannot tie log probabilities to tokens, nor ban single token ids; special
-# tokens are the postprocessing model's setting (`skip_special_tokens`), not a request's.
-_UNSUPPORTED: set[Knob] = {"logprobs", "top_logprobs", "logit_bias", "min_p", "special_tokens"}
+# tokens are the postprocessing model's setting (`skip_special_tokens`), not a request's. Images: the
+# multimodal ensemble's inputs (`image_url_input`, `image_bytes_input`: decoded pixels) are not driven yet.
+_UNSUPPORTED: set[Knob] = {"logprobs", "top_logprobs", "logit_bias", "min_p", "special_tokens", "images"}
 _TRUE = ("true", "yes", "1", "t")  # as tensorrt_llm_bls reads its `accumulate_tokens` parameter
 
 

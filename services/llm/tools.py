@@ -84,12 +84,16 @@ def _arguments(text: str) -> Any:
         return text
 
 
-def template_messages(chat: llm_pb2.Chat, native: bool) -> list[dict[str, Any]]:
+def template_messages(chat: llm_pb2.Chat, native: bool, images: bool = False) -> list[dict[str, Any]]:
     """The messages as a template sees them. `native`: the template renders tools and tool messages itself;
-    else they are written in the Hermes format."""
+    else they are written in the Hermes format. `images`: the template places images, so a message with
+    images has transformers' content parts, `[{"type": "image"}, ..., {"type": "text", "text": ...}]`."""
     messages: list[dict[str, Any]] = []
     for m in chat.messages:
-        message: dict[str, Any] = {"role": m.role, "content": m.content, **({"name": m.name} if m.name else {})}
+        content: Any = m.content
+        if images and m.images:
+            content = [*({"type": "image"} for _ in m.images), {"type": "text", "text": m.content}]
+        message: dict[str, Any] = {"role": m.role, "content": content, **({"name": m.name} if m.name else {})}
         calls: list[dict[str, Any]] = [
             {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": _arguments(c.arguments)}}
             for c in m.tool_calls]

@@ -1,6 +1,7 @@
 """The vLLM adapter: Triton's vllm_backend (decoupled, no batch dimension), text in and text out.
 
-Inputs: `text_input` (the prompt as text), `stream` true, `exclude_input_in_output` true, `sampling_parameters`
+Inputs: `text_input` (the prompt as text), `image` (the chat's images, base64 image files, where the model
+declares it: vllm_backend's multimodal input), `stream` true, `exclude_input_in_output` true, `sampling_parameters`
 (vLLM `SamplingParams` as JSON: `max_tokens`, `temperature`, `top_p`, `top_k`, `min_p`, `seed`, `stop`,
 `include_stop_str_in_output`, penalties, `min_tokens`, `ignore_eos`, `logprobs`, `skip_special_tokens`,
 `lora_name`, `structured_outputs` for guided decoding) and `return_finish_reason`,
@@ -18,6 +19,7 @@ Backends before r24.03 (no `exclude_input_in_output` input) stream the prompt pl
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import Any
@@ -130,17 +132,23 @@ class Vllm:
         if knob in _FLAG_KNOBS:
             flag, output = _FLAG_KNOBS[knob]
             return self.interface.has(flag) and output in self.interface.outputs
+        if knob == "images":
+            return self.interface.has("image")
         return knob not in _UNSUPPORTED
 
     def tensors(self, text: str, sampling: Sampling) -> dict[str, np.ndarray]:
         """The request's input tensors (only those the model declares)."""
         params = sampling_parameters(sampling, sampling.adapter.lora_name if sampling.adapter else self.lora_name)
         flags = {flag: True for flag, output in _FLAGS.items() if output in self.interface.outputs}
-        return self.interface.scalars({
+        tensors = self.interface.scalars({
             **self.constants, "text_input": text, "stream": True, "exclude_input_in_output": True,
             "sampling_parameters": json.dumps(params), **flags,
             "return_logprobs": True if sampling.logprobs else None,
         })
+        if sampling.images:
+            tensors["image"] = self.interface.tensor("image", [base64.b64encode(image).decode("ascii")
+                                                               for image in sampling.images])
+        return tensors
 
     def outputs(self, sampling: Sampling) -> list[str]:
         wanted = ["text_output", *_FLAGS.values(), *(["logprobs"] if sampling.logprobs else [])]

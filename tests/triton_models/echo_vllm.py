@@ -36,6 +36,9 @@ src/utils/request.py; vLLM's SamplingParams and V1 detokenizer for the text rule
   is not enabled."; another name: "LoRA <name> is not supported, we currently support [...]", an error
   response as vllm_backend's _verify_loras sends, here with the prefix below); the generation is the
   echo whatever the adapter, and the request's events report its `lora_name`.
+- `image` (optional, base64 image files, as vllm_backend's multimodal input): each is decoded and
+  reported in an event {"event": "images", "model", "request_id", "images": [{"type", "bytes",
+  "sha256"}]} (type sniffed from the first bytes; "unknown" otherwise); the echo itself ignores them.
 - Errors: a FINAL response with `text_output` ["N/A"] and the error "Error generating stream: ..."
   (INTERNAL). Cancellation, streaming: a FINAL error "Request was cancelled" (CANCELLED); not
   streaming: the partial output as the final response.
@@ -43,6 +46,8 @@ src/utils/request.py; vLLM's SamplingParams and V1 detokenizer for the text rule
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import math
 from dataclasses import dataclass, field
@@ -58,6 +63,7 @@ from echo_core import (
     Job,
     RequestError,
     Tokenizer,
+    event,
     log_prob,
     scalar,
     send,
@@ -82,6 +88,14 @@ DEFAULTS: dict[str, Any] = {
     "top_p": 1.0, "top_k": 0, "min_p": 0.0, "stop": [], "stop_token_ids": [], "include_stop_str_in_output": False,
     "ignore_eos": False, "max_tokens": 16, "min_tokens": 0, "logprobs": None, "skip_special_tokens": True,
 }
+
+
+def sniff(data: bytes) -> str:
+    """The image type from the file's first bytes, as vLLM's image loader (PIL) would tell it."""
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "image/webp"
+    magic = {b"\x89PNG\r\n\x1a\n": "image/png", b"\xff\xd8\xff": "image/jpeg", b"GIF8": "image/gif"}
+    return next((kind for prefix, kind in magic.items() if data.startswith(prefix)), "unknown")
 
 
 def sampling_params(raw: str) -> dict[str, Any]:
@@ -219,7 +233,15 @@ class VllmEchoModel(EchoModel):
         else:
             send(sender, self.respond(job, True), FINAL)
 
+    def report_images(self, request: Any) -> None:
+        images = [base64.b64decode(text) for text in strings(request, "image") or []]
+        if images:
+            event(event="images", model=self.name, request_id=request.request_id(), images=[
+                {"type": sniff(data), "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+                for data in images])
+
     def parse(self, request: Any) -> Job:
+        self.report_images(request)
         prompt = (strings(request, "text_input") or [""])[0]
         stream = bool(scalar(request, "stream", False, bool))
         exclude = tensor(request, "exclude_input_in_output")

@@ -87,7 +87,7 @@ def test_completion_converter() -> None:
     ({"messages": [{"role": "user", "content": "x", "tool_calls": []}]}, ("messages", 0, "tool_calls")),
     ({"messages": [{"role": "user"}]}, ("messages", 0, "content")),
     ({"messages": [{"role": "user", "content": None}]}, ("messages", 0, "content")),
-    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+    ({"messages": [{"role": "assistant", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
      ("messages", 0, "content")),
     ({"stop": [str(i) for i in range(17)]}, ("stop",)),
     ({"stop": 5}, ("stop",)),

@@ -116,7 +116,7 @@ def test_calls_and_their_outputs_become_chats_tool_messages() -> None:
 
 def as_chat(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The input items as the chat messages a stored conversation keeps, which read back the same."""
-    messages = input_messages(items)
+    messages = input_messages(items).messages
     assert [from_chat_json(chat_json(message)) for message in messages] == messages
     return [chat_json(message) for message in messages]
 
@@ -127,7 +127,7 @@ def as_chat(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ({"type": "function_call_output", "output": "x"}, "input[1].call_id"),
     ({"type": "function_call_output", "call_id": "c", "output": 42}, "input[1].output"),
     ({"type": "reasoning"}, "input[1].type"), ("hi", "input[1]"), ({"role": "robot", "content": "x"}, "input[1].role"),
-    ({"role": "user", "content": [{"type": "input_text", "text": "a"}, {"type": "input_image", "image_url": "x"}]},
+    ({"role": "assistant", "content": [{"type": "input_text", "text": "a"}, {"type": "input_image", "image_url": "x"}]},
      "input[1].content[1]"),
     ({"role": "user", "content": 3}, "input[1].content")])
 def test_a_malformed_or_unsupported_item_is_refused_by_its_place(item: Any, param: str) -> None:
