@@ -1,5 +1,5 @@
 """GET /v1/models and /v1/models/{id}: OpenAI's Model object plus the `root`, `parent`, `permission`
-and `max_model_len` that Denglin's openai_api (and vLLM) add."""
+and `max_model_len` that Denglin's openai_api (and vLLM) add, and tritongate's `max_beams`."""
 
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ class Model(ResponseModel):
     root: str
     parent: str | None
     max_model_len: int | None
+    max_beams: int | None  # LLMs: most beams of beam search (`num_beams`), 0 for none
     permission: list[ModelPermission]
 
 
@@ -50,6 +51,7 @@ def model_object(card: common_pb2.ModelCard) -> dict[str, Any]:
         "root": card.id,
         "parent": None,
         "max_model_len": card.max_model_len or None,
+        "max_beams": card.max_beams if generates else None,
         "permission": [{
             "id": f"modelperm-{card.id}",
             "object": "model_permission",
