@@ -200,14 +200,15 @@ async def test_trtllm_beams_stream_whole_beams(grpc_client: InferenceServerClien
     """Beam k echoes from prompt token k, best first; streaming with beams, every response holds each beam's
     tokens so far (TensorRT-LLM's returnAllGeneratedTokens); an end token shortens its beam (-1 padding)."""
     replies = await stream(grpc_client, "trtllm-echo", trtllm([5, 6, 2], 3, beam_width=i32(3), end_id=i32(2),
-                                                            streaming=flag(True), return_log_probs=flag(True)))
+                                                            streaming=flag(True)))
     assert [r.outputs["output_ids"].tolist() for r in replies] == [
         [[[5], [6], [-1]]], [[[5, 6], [6, -1], [-1, -1]]], [[[5, 6], [6, -1], [-1, -1]]]]
     assert replies[-1].final and replies[-1].outputs["sequence_length"].tolist() == [[2, 1, 0]]
-    cumulative = replies[-1].outputs["cum_log_probs"].reshape(-1).tolist()
-    assert cumulative == sorted(cumulative, reverse=True)  # best first
-    (whole,) = await stream(grpc_client, "trtllm-echo", trtllm([5, 6, 7], 2, beam_width=i32(2)))
+    (whole,) = await stream(grpc_client, "trtllm-echo", trtllm([5, 6, 7], 2, beam_width=i32(2),
+                                                               return_log_probs=flag(True)))
     assert whole.outputs["output_ids"].tolist() == [[[5, 6, 7, 5, 6], [5, 6, 7, 6, 7]]]  # the prompt per beam
+    cumulative = whole.outputs["cum_log_probs"].reshape(-1).tolist()
+    assert cumulative == sorted(cumulative, reverse=True) and len(set(cumulative)) == 2  # best first
     (wide,) = await stream(grpc_client, "trtllm-echo", trtllm([5], 2, beam_width=i32(5)))
     assert wide.error is not None and "max_beam_width (4)" in wide.error
 
