@@ -51,9 +51,8 @@ def test_the_n_best_beams_of_each_prompt_with_their_usage(client: openai.OpenAI,
     assert result.usage.completion_tokens == 4 * MAX_TOKENS  # the returned beams' tokens
 
 
+@pytest.mark.parametrize("backend", [backend for backend in ECHO_BACKENDS if backend.max_beams], ids=str)
 def test_chat_beams_stream_and_the_best_beam_is_the_greedy_echo(client: openai.OpenAI, backend: EchoBackend) -> None:
-    if not backend.max_beams:
-        pytest.skip(f"{backend.adapter} has no beam search")
     messages = [{"role": "user", "content": PROMPT}]
     greedy = client.chat.completions.create(model=backend.model, messages=messages,  # type: ignore[arg-type]
                                             max_tokens=MAX_TOKENS, temperature=0)
