@@ -266,6 +266,11 @@ class LlmModel(TritonModelEntry):
     max_completion_tokens: Annotated[int, Field(gt=0)] | None = Field(
         None, description="Most tokens one completion may generate (`max_tokens`); default: the rest of the context"
     )
+    # Beam search.
+    max_beams: Annotated[int, Field(ge=0)] | None = Field(
+        None, description="Most beams of beam search (`num_beams`), below what the backend takes; 0 or 1: no beam "
+        "search; default: the backend's (FasterTransformer: 32; TensorRT-LLM: the Triton model's `max_beam_width`)"
+    )
 
     def adapter_ids(self) -> dict[str, str]:
         """Every model id that names one of the adapters → the adapter: its own id and, with a separator,

@@ -4,6 +4,7 @@ last) with its rules, its generation input, and its response and stream chunks (
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Annotated, Any, Literal, Self
 
 from pydantic import Field, WithJsonSchema, field_validator, model_validator
@@ -33,6 +34,8 @@ class CompletionRequest(GenerationRequest):
     logprobs: Annotated[int, Field(ge=0, le=5)] | None = None
     max_tokens: Annotated[int, Field(ge=0, le=UINT32_MAX)] | None = None
     suffix: str | None = None
+    # Extension (vLLM before 0.6.3): beam search with `best_of` beams (default: `n`), as `num_beams`.
+    use_beam_search: bool | None = False
 
     @field_validator("prompt")
     @classmethod
@@ -43,19 +46,28 @@ class CompletionRequest(GenerationRequest):
     def _rules(self) -> Self:
         if self.suffix:
             raise ParamError("'suffix' (insertion) is not supported.", "suffix")
-        if self.best_of not in (None, self.n or 1):
-            raise ParamError("'best_of' is not supported unless it equals 'n'.", "best_of")
+        if self.best_of not in (None, self.n or 1) and not self.use_beam_search:
+            raise ParamError("'best_of' is not supported unless it equals 'n' (or with 'use_beam_search': beams).",
+                             "best_of")
+        if self.use_beam_search and self.num_beams not in (None, self.beams):
+            raise ParamError("'num_beams' and 'best_of' with 'use_beam_search' ask for different beams.", "num_beams")
         if self.max_tokens == 0 and not self.echo:
             raise ParamError("'max_tokens' must be at least 1 (0 only with 'echo').", "max_tokens")
         return self
+
+    @property
+    def beams(self) -> int:
+        """The beam width: `num_beams`, or with `use_beam_search` `best_of` (default `n`)."""
+        return (self.best_of or self.n or 1) if self.use_beam_search else self.num_beams or 1
 
 
 def generation_input(body: CompletionRequest) -> GenerationInput:
     prompts = [llm_pb2.Prompt(text=p) if isinstance(p, str) else llm_pb2.Prompt(token_ids=common_pb2.TokenIds(ids=p))
                for p in body.prompt]
-    return GenerationInput(model=body.model, sampling=body.sampling(body.max_tokens), prompts=prompts,
-                           stream=bool(body.stream), echo=bool(body.echo), logprobs=body.logprobs is not None,
-                           top_logprobs=body.logprobs or 0)
+    return GenerationInput(model=body.model, sampling=replace(body.sampling(body.max_tokens), num_beams=body.beams),
+                           prompts=prompts, stream=bool(body.stream), echo=bool(body.echo),
+                           logprobs=body.logprobs is not None, top_logprobs=body.logprobs or 0,
+                           names={"num_beams": "best_of"} if body.use_beam_search else {})
 
 
 # The response (a stream chunk has the same shape), as /openapi.json declares it.

@@ -42,9 +42,11 @@ class Sampling:
     logit_bias: Mapping[int, float] = field(default_factory=dict)
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
+    num_beams: int = 1  # beam search with this many beams; 1: none
 
     def fill(self, proto: llm_pb2.GenerateRequest) -> None:
         proto.n = self.n
+        proto.beam_width = self.num_beams if self.num_beams > 1 else 0
         proto.stop.extend(self.stop)
         proto.logit_bias.update(self.logit_bias)
         proto.ignore_eos = self.ignore_eos

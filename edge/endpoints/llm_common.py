@@ -84,7 +84,8 @@ class GenerationRequest(OpenAIRequest):
     top_k: TopK | None = None
     repetition_penalty: RepetitionPenalty | None = None
     do_sample: bool | None = None
-    num_beams: Annotated[int, Field(ge=1, le=1)] | None = None
+    # Beam search; each model's limit (`max_beams`, /v1/models) is the llm service's to check.
+    num_beams: Annotated[int, Field(ge=1, le=UINT32_MAX)] | None = None
     min_p: Annotated[float, Field(ge=0, le=1)] | None = None
     min_tokens: Annotated[int, Field(ge=0, le=UINT32_MAX)] | None = None
     ignore_eos: bool | None = False
@@ -119,7 +120,7 @@ class GenerationRequest(OpenAIRequest):
                         do_sample=self.do_sample, seed=self.seed, min_tokens=self.min_tokens,
                         skip_special_tokens=self.skip_special_tokens, n=self.n or 1, stop=self.stop or (),
                         logit_bias=self.logit_bias or {}, ignore_eos=bool(self.ignore_eos),
-                        include_stop_str_in_output=bool(self.include_stop_str_in_output))
+                        include_stop_str_in_output=bool(self.include_stop_str_in_output), num_beams=self.num_beams or 1)
 
 
 class Collected:

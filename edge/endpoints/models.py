@@ -1,6 +1,6 @@
 """GET /v1/models and /v1/models/{id}: OpenAI's Model object plus the `root`, `parent`, `permission`
-and `max_model_len` that Denglin's openai_api (and vLLM) add; a LoRA adapter is a model of its own whose
-`parent` is its base model, as vLLM lists them."""
+and `max_model_len` that Denglin's openai_api (and vLLM) add, and tritongate's `image_input` and `max_beams`; a
+LoRA adapter is a model of its own whose `parent` is its base model, as vLLM lists them."""
 
 from __future__ import annotations
 
@@ -34,6 +34,7 @@ class Model(ResponseModel):
     parent: str | None
     max_model_len: int | None
     image_input: bool  # whether the model takes images in chat messages (image_url / input_image parts)
+    max_beams: int | None  # LLMs: most beams of beam search (`num_beams`), 0 for none
     permission: list[ModelPermission]
 
 
@@ -53,6 +54,7 @@ def model_object(card: common_pb2.ModelCard) -> dict[str, Any]:
         "parent": card.parent or None,  # a LoRA adapter's base model
         "max_model_len": card.max_model_len or None,
         "image_input": card.image_input,
+        "max_beams": card.max_beams if generates else None,
         "permission": [{
             "id": f"modelperm-{card.id}",
             "object": "model_permission",

@@ -63,6 +63,7 @@ class Sampling:
     guide: str = ""  # a JSON Schema (JSON text) the output must match, by guided decoding; "": free text
     adapter: Adapter | None = None  # the LoRA adapter the request names; None: the base model
     images: list[bytes] = field(default_factory=list)  # the chat's image files, in order (backends with "images")
+    beam_width: int = 1  # beam search with this many beams; 1: sampling (or greedy)
 
 
 @dataclass
@@ -74,6 +75,10 @@ class Step:
     this text is), `token_ids` with `logprobs` and `top_logprobs` (alternatives as (token id, log
     probability), most likely first), `finish_reason` and `prompt_tokens` (the prompt as the backend
     tokenized it).
+
+    With beam search (`Sampling.beam_width` > 1) a step fills `beams` instead: every beam's token ids
+    generated so far, the best first. Each step holds the whole beams, not what is new: until the search
+    ends it may rewrite a beam's earlier tokens, or reorder the beams.
     """
 
     token_ids: list[int] = field(default_factory=list)
@@ -83,6 +88,7 @@ class Step:
     top_logprobs: list[list[tuple[int, float]]] | None = None
     finish_reason: FinishReason | None = None
     prompt_tokens: int | None = None
+    beams: list[list[int]] | None = None
 
 
 class LlmBackend(Protocol):
@@ -96,6 +102,11 @@ class LlmBackend(Protocol):
     def takes_text(self) -> bool:
         """Whether the backend tokenizes the prompt itself and streams text (`stream` gets the prompt's
         text, steps carry text); token-level backends get token ids and stream token ids."""
+
+    @property
+    def beam_widths(self) -> Sequence[int]:
+        """The beam widths above 1 beam search takes on the Triton model (known once configured); empty:
+        no beam search."""
 
     def configure(self, triton_config: dict[str, Any]) -> None:
         """Read the Triton model's configuration (each time the model becomes ready); raise ServiceError

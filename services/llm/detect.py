@@ -91,6 +91,13 @@ class ModelBackend:
     def takes_text(self) -> bool:
         return self.adapter.takes_text if self.adapter else False
 
+    @property
+    def beam_widths(self) -> Sequence[int]:
+        """The adapter's, up to the model config's `max_beams`."""
+        widths = self.adapter.beam_widths if self.adapter else ()
+        limit = self.entry.max_beams
+        return [width for width in widths if limit is None or width <= limit]
+
     def configure(self, triton_config: dict[str, Any]) -> None:
         name = self.entry.backend or detect_backend(triton_config, self.entry.triton_name)
         adapter = self.adapter if self.adapter and self.adapter.name == name else \

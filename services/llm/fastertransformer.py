@@ -4,12 +4,17 @@ Inputs: `input_ids` [1, len], `input_lengths` and `request_output_len` [1, 1] (U
 sampling scalars [1, 1] (`runtime_top_k`, `runtime_top_p`, `temperature`, `repetition_penalty`,
 `presence_penalty`, `random_seed`, `start_id`, `end_id`, `is_return_log_probs`, and `min_length` where a
 deployment adds it to its config.pbtxt: FT's GPT reads it, unconfirmed through Triton) and word lists
-`stop_words_list` / `bad_words_list` [1, 2, N] (INT32). Only inputs the Triton model declares are sent,
-with the data types it declares.
+`stop_words_list` / `bad_words_list` [1, 2, N] (INT32), `beam_width` for beam search. Only inputs the
+Triton model declares are sent, with the data types it declares.
+
+Beam search: FT takes a `beam_width` of 1, 2, 3, 4, 8, 16 or 32 (any other falls back to 1, with only a
+warning in its log), so only those are offered, up to the Triton model's `max_beam_width` parameter where
+its configuration sets one (FT's own configurations have none).
 
 Outputs: every streamed response carries the whole sequence so far, prompt included, in `output_ids`
 [1, beam, width] (positions past `sequence_length` are padding) and `output_log_probs`
-[1, beam, request_output_len]; the adapter turns them into the tokens that are new.
+[1, beam, request_output_len]; the adapter turns them into the tokens that are new (with beam search:
+every beam's generated tokens, best first, in every step).
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from services.common.endpoints import Endpoints
 from services.common.errors import ServiceError
 from services.common.triton import Triton
 from services.llm.backends import Knob, Sampling, Step
-from services.llm.tensors import encode_words
+from services.llm.tensors import beam_tokens, encode_words, max_beam_width
 
 __all__ = ["FasterTransformer", "encode_words"]
 
@@ -48,7 +53,7 @@ _KNOB_INPUTS: dict[Knob, str] = {
 _SERVICE_KNOBS: dict[Knob, bool] = {"special_tokens": True, "ignore_eos": False, "min_p": False,
                                     "top_logprobs": False, "guided_decoding": False, "lora": False,
                                     "images": False}
-
+FT_BEAM_WIDTHS = (2, 3, 4, 8, 16, 32)  # ParallelGptTritonModelInstance.cc: any other width runs as 1
 
 
 class FasterTransformer:
@@ -65,6 +70,7 @@ class FasterTransformer:
         self.constants = dict(constants or {})
         self.inputs: dict[str, Any] = {}  # declared input → numpy dtype
         self.outputs: set[str] = set()
+        self.beam_widths: list[int] = []
 
     def configure(self, triton_config: dict[str, Any]) -> None:
         inputs = {tensor["name"]: triton_to_np_dtype(str(tensor["data_type"]).removeprefix("TYPE_"))
@@ -78,6 +84,8 @@ class FasterTransformer:
                                f"Triton model `{self.model}` lacks the FasterTransformer tensors "
                                f"{', '.join(missing)} (check `backend` and `triton_inputs` in the model config)")
         self.inputs, self.outputs = inputs, outputs
+        limit = max_beam_width(triton_config)
+        self.beam_widths = [width for width in FT_BEAM_WIDTHS if "beam_width" in inputs and width <= (limit or width)]
 
     def supports(self, knob: Knob) -> bool:
         if knob in _SERVICE_KNOBS:
@@ -108,6 +116,8 @@ class FasterTransformer:
             values["end_id"] = sampling.end_id
         if sampling.start_id is not None:
             values["start_id"] = sampling.start_id
+        if sampling.beam_width > 1:
+            values["beam_width"] = sampling.beam_width
         tensors = {
             "input_ids": np.array([list(prompt)], dtype=self.inputs["input_ids"]),
             "input_lengths": np.array([[len(prompt)]], dtype=self.inputs["input_lengths"]),
@@ -131,6 +141,9 @@ class FasterTransformer:
                                                timeout, sampling.request_id):
             if "output_ids" not in result or "sequence_length" not in result:
                 continue  # the empty final response of a cancelled request
+            if sampling.beam_width > 1:
+                yield Step(beams=beam_tokens(result["output_ids"], result["sequence_length"], len(prompt)))
+                continue
             length = int(result["sequence_length"].reshape(-1)[0])  # [batch, beam]: beam 0
             if length <= done:
                 continue

@@ -19,7 +19,8 @@ from services.common.metrics import Stages
 from services.common.server import ServedModel
 from services.common.tokenizer import load_tokenizer
 from services.common.triton import Triton
-from services.llm.backends import Sampling
+from services.llm.backends import Sampling, Step
+from services.llm.beams import BeamSearch
 from services.llm.chat import load_chat_template
 from services.llm.completion import Completion, coalesce, merge
 from services.llm.detect import ModelBackend
@@ -112,6 +113,7 @@ class LanguageModel(ServedModel):
         card = super().card()
         card.max_model_len = self.policy.context_length
         card.image_input = self.backend.supports("images")
+        card.max_beams = max(self.backend.beam_widths, default=0)
         return card
 
     def cards(self) -> list[common_pb2.ModelCard]:
@@ -222,6 +224,9 @@ class LanguageModel(ServedModel):
         completions, streams = [], []
         for p, ids in enumerate(prompts.ids):
             text = self.prompt_text(prompts, p)
+            # Beam search: one backend request for the prompt, its best n beams the choices (services/llm/beams.py).
+            search = BeamSearch(self.backend.stream(ids, for_choice(base, limits[p], 0, request_id, p * n), timeout,
+                                                    text), n) if base.beam_width > 1 else None
             for j in range(n):
                 index = p * n + j
                 completion = Completion(index, ids, max_new=limits[p], stops=stops, echo=prompts.echoes[p],
@@ -229,7 +234,8 @@ class LanguageModel(ServedModel):
                 completions.append(completion)
                 choice = for_choice(base, limits[p], seeds[j], request_id, index)
                 parser = tools.parser() if tools.parser and (tools.guide or not request.HasField("guide")) else None
-                streams.append(self._run(completion, ids, text, choice, timeout, parser, guide_param))
+                source = search.choice(j) if search else None
+                streams.append(self._run(completion, ids, text, choice, timeout, parser, guide_param, source))
         log.debug("%d prompt tokens, %d choices", prompts.tokens, len(completions))
         yield llm_pb2.GenerateResponse(accepted=llm_pb2.Accepted(prompt_tokens=prompts.tokens,
                                                                  choices=len(completions)), timings=stages.proto())
@@ -241,14 +247,16 @@ class LanguageModel(ServedModel):
         yield llm_pb2.GenerateResponse(usage=usage(prompts, completions, n), timings=stages.proto())
 
     async def _run(self, completion: Completion, prompt: Sequence[int], text: str, sampling: Sampling,
-                   timeout: float | None, parser: ToolCallParser | None = None, guide_param: str = ""
-                   ) -> AsyncGenerator[llm_pb2.Delta, None]:
-        """One choice's deltas; with a parser, tool calls are taken out of the text."""
+                   timeout: float | None, parser: ToolCallParser | None = None, guide_param: str = "",
+                   source: AsyncGenerator[Step, None] | None = None) -> AsyncGenerator[llm_pb2.Delta, None]:
+        """One choice's deltas; with a parser, tool calls are taken out of the text. Its steps come from its
+        own backend stream, or from `source` (a beam of a shared beam search)."""
         first = completion.start()
         if first is not None:
             yield first
         if sampling.max_new_tokens > 0:
-            async with contextlib.aclosing(self.backend.stream(prompt, sampling, timeout, text)) as steps:
+            stream = source or self.backend.stream(prompt, sampling, timeout, text)
+            async with contextlib.aclosing(stream) as steps:
                 try:
                     async for step in steps:
                         delta = completion.add(step)

@@ -213,6 +213,35 @@ def response_format(request: llm_pb2.GenerateRequest, policy: GenerationPolicy) 
     return request.guide.json_schema if kind == "json_schema" else OBJECT_SCHEMA
 
 
+def beam_width(request: llm_pb2.GenerateRequest, policy: GenerationPolicy) -> int:
+    """`num_beams` (0 means 1: no beam search), a width the model's backend takes, at least `n`, and
+    without what beam search here cannot do: log probabilities (each beam's are not read) and guided
+    decoding (TensorRT-LLM's grammar matcher follows one sequence)."""
+    width = request.beam_width or 1
+    if width == 1:
+        return 1
+    widths = list(policy.backend.beam_widths)
+    if not widths:
+        raise invalid_argument(f"`num_beams` (beam search) is not supported by the {policy.backend.name} backend of "
+                               f"model `{policy.model}`; leave it at 1.", "num_beams")
+    if width not in widths:
+        allowed = f"between 1 and {widths[-1]}" if widths == list(range(2, widths[-1] + 1)) else \
+            f"one of 1, {', '.join(map(str, widths))}"
+        raise invalid_argument(f"`num_beams` must be {allowed} on model `{policy.model}` (max_beams); got {width}.",
+                               "num_beams")
+    n = request.n or 1
+    if n > width:
+        raise invalid_argument(f"`n` is {n}, more than `num_beams` ({width}): the completions of a prompt are its "
+                               "best beams.", "n")
+    chat = request.chat
+    forced = bool(chat.tools) and (chat.tool_choice.mode == "required" or bool(chat.tool_choice.function))
+    for param, used in (("logprobs", request.logprobs), ("response_format", request.HasField("guide")),
+                        ("tool_choice", forced)):
+        if used:
+            raise invalid_argument(f"`{param}` cannot be combined with `num_beams` (beam search).", param)
+    return width
+
+
 def sampling(request: llm_pb2.GenerateRequest, policy: GenerationPolicy) -> tuple[Sampling, list[str]]:
     """The request's sampling (without max_new_tokens and seed, which are per choice) and the stop strings
     the service matches (for backends that take text, `model_infos` `stop_words` too, as text)."""
@@ -241,7 +270,8 @@ def sampling(request: llm_pb2.GenerateRequest, policy: GenerationPolicy) -> tupl
                     end_id=defaults.end_id, start_id=defaults.start_id, stop_words=stop_words,
                     bad_words=bad_words, logprobs=request.logprobs, top_logprobs=alternatives,
                     stop=text_stops if backend.takes_text else [], bad=policy.words_as_text(defaults.bad_words),
-                    guide=response_format(request, policy), **extensions), text_stops
+                    guide=response_format(request, policy), beam_width=beam_width(request, policy),
+                    **extensions), text_stops
 
 
 def max_new_tokens(request: llm_pb2.GenerateRequest, policy: GenerationPolicy, prompt_tokens: int,

@@ -6,7 +6,10 @@ Inputs: `input_ids` [1, len], `input_lengths` and `request_output_len` [1, 1] (I
 `temperature`, `repetition_penalty`, `presence_penalty`, `frequency_penalty`, `min_tokens` or before
 2025-05 `min_length`, `seed` or before 2025-05 `random_seed`, `return_log_probs`), `end_id`, and word
 lists `stop_words_list` / `bad_words_list` [1, 2, N] (omitted when empty: TensorRT-LLM rejects FT's
-"empty list"). Each name is sent only where the model declares it, in the declared type.
+"empty list"), `beam_width` for beam search. Each name is sent only where the model declares it, in
+the declared type.
+
+Beam search takes up to the model's `max_beam_width` parameter beams (TensorRT-LLM's default, 1, is none).
 
 `end_id` is always sent unless the request ignores the end id: TensorRT-LLM's default is -1, "no end id",
 so a model called without it never stops at EOS. `runtime_top_p` must be in (0, 1]: greedy decoding is
@@ -14,7 +17,9 @@ so a model called without it never stops at EOS. `runtime_top_p` must be in (0, 
 
 Outputs: with `streaming` each response carries only the new tokens, prompt never included:
 `output_ids` [1, beams, n] (shorter beams padded with -1) with `sequence_length` [1, beams] = n, and
-`output_log_probs` for them.
+`output_log_probs` for them. With beam search TensorRT-LLM returns every beam's generated tokens so far
+in each response instead (LlmRequest sets returnAllGeneratedTokens when streaming with beams: beam search
+may rewrite earlier tokens), and `sequence_length` is each beam's length.
 
 A LoRA adapter adds `lora_task_id`, with `lora_weights` and `lora_config` the first time
 (services/llm/lora.py; the ensemble and BLS model take the same).
@@ -31,7 +36,7 @@ from services.common.endpoints import Endpoints
 from services.common.triton import Triton
 from services.llm.backends import Knob, Sampling, Step
 from services.llm.lora import TaskCache, has_lora_inputs
-from services.llm.tensors import ModelInterface, encode_words, refuse
+from services.llm.tensors import ModelInterface, beam_tokens, encode_words, max_beam_width, refuse
 
 REQUIRED_INPUTS = ("input_ids", "input_lengths", "request_output_len", "streaming")
 REQUIRED_OUTPUTS = ("output_ids", "sequence_length")
@@ -78,6 +83,7 @@ class TensorRTLLM:
         self.constants = dict(constants or {})
         self.interface = ModelInterface({})
         self.lora = TaskCache()
+        self.beam_widths: list[int] = []
 
     def configure(self, triton_config: dict[str, Any]) -> None:
         interface = ModelInterface(triton_config)
@@ -89,6 +95,8 @@ class TensorRTLLM:
             raise refuse(self.model, "must be decoupled to stream (model_transaction_policy { decoupled: true })")
         interface.check_constants(self.model, self.constants)
         self.interface = interface
+        limit = max_beam_width(triton_config) or 1
+        self.beam_widths = list(range(2, limit + 1)) if interface.has("beam_width") else []
 
     def supports(self, knob: Knob) -> bool:
         if knob in _OTHER_KNOBS:
@@ -113,6 +121,7 @@ class TensorRTLLM:
             **sampling_values(model, sampling, "runtime_top_k", "runtime_top_p"),
             "return_log_probs": True if sampling.logprobs else None,
             "end_id": None if sampling.ignore_eos else sampling.end_id,
+            "beam_width": sampling.beam_width if sampling.beam_width > 1 else None,
             **guide_values(sampling),
         }
         tensors = {"input_ids": model.tensor("input_ids", list(prompt)), **model.scalars(values)}
@@ -133,6 +142,9 @@ class TensorRTLLM:
                 self.endpoints, self.model, {**tensors, **lora}, outputs, timeout, sampling.request_id)):
             if "output_ids" not in result or "sequence_length" not in result:
                 continue  # an empty final response (a stop request, a cancellation)
+            if sampling.beam_width > 1:
+                yield Step(beams=beam_tokens(result["output_ids"], result["sequence_length"]))
+                continue
             length = int(result["sequence_length"].reshape(-1)[0])  # [1, beams]: beam 0
             if length <= 0:
                 continue

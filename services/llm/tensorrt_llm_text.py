@@ -56,6 +56,7 @@ class TensorRTLLMText:
 
     name = "tensorrt_llm_text"
     takes_text = True
+    beam_widths = ()  # not offered: tritongate reads one `text_output` per response, not one per beam
 
     def __init__(self, triton: Triton, endpoints: Endpoints, model: str, constants: Mapping[str, float] | None = None,
                  accumulate_tokens: bool | None = None) -> None:

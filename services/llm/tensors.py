@@ -41,6 +41,20 @@ def encode_words(words: Sequence[Sequence[int]]) -> np.ndarray:
     return array
 
 
+def max_beam_width(triton_config: Mapping[str, Any]) -> int | None:
+    """The model's `max_beam_width` parameter (TensorRT-LLM's `tensorrt_llm` model has it; any model may
+    set it), None where its configuration sets none."""
+    value = ModelInterface(triton_config).parameters.get("max_beam_width", "").strip()
+    return int(value) if value.isdigit() else None
+
+
+def beam_tokens(output_ids: np.ndarray, lengths: np.ndarray, skip: int = 0) -> list[list[int]]:
+    """Each beam's tokens from `output_ids` [1, beams, width] and `sequence_length` [1, beams] (positions
+    past a beam's length are padding), without the first `skip` (the prompt, where the output has it)."""
+    rows = output_ids.reshape(-1, output_ids.shape[-1])
+    return [[int(t) for t in row[skip:int(length)]] for row, length in zip(rows, lengths.reshape(-1), strict=True)]
+
+
 def refuse(model: str, message: str) -> ServiceError:
     """A Triton model the adapter cannot drive: the llm service reports it not ready and logs why."""
     return ServiceError(grpc.StatusCode.FAILED_PRECONDITION, f"Triton model `{model}` {message}")

@@ -104,6 +104,7 @@ class Vllm:
 
     name = "vllm"
     takes_text = True
+    beam_widths = ()  # vLLM's SamplingParams has had no beam search since 0.6.3 (it moved to a separate API)
 
     def __init__(self, triton: Triton, endpoints: Endpoints, model: str, constants: Mapping[str, float] | None = None,
                  lora_name: str | None = None) -> None:

@@ -196,6 +196,36 @@ async def test_trtllm_v0_has_the_old_names(grpc_client: InferenceServerClient) -
     assert refused.error is not None and "unexpected inference input 'min_tokens'" in refused.error
 
 
+async def test_trtllm_beams_stream_whole_beams(grpc_client: InferenceServerClient) -> None:
+    """Beam k echoes from prompt token k, best first; streaming with beams, every response holds each beam's
+    tokens so far (TensorRT-LLM's returnAllGeneratedTokens); an end token shortens its beam (-1 padding)."""
+    replies = await stream(grpc_client, "trtllm-echo", trtllm([5, 6, 2], 3, beam_width=i32(3), end_id=i32(2),
+                                                            streaming=flag(True)))
+    assert [r.outputs["output_ids"].tolist() for r in replies] == [
+        [[[5], [6], [-1]]], [[[5, 6], [6, -1], [-1, -1]]], [[[5, 6], [6, -1], [-1, -1]]]]
+    assert replies[-1].final and replies[-1].outputs["sequence_length"].tolist() == [[2, 1, 0]]
+    (whole,) = await stream(grpc_client, "trtllm-echo", trtllm([5, 6, 7], 2, beam_width=i32(2),
+                                                               return_log_probs=flag(True)))
+    assert whole.outputs["output_ids"].tolist() == [[[5, 6, 7, 5, 6], [5, 6, 7, 6, 7]]]  # the prompt per beam
+    cumulative = whole.outputs["cum_log_probs"].reshape(-1).tolist()
+    assert cumulative == sorted(cumulative, reverse=True) and len(set(cumulative)) == 2  # best first
+    (wide,) = await stream(grpc_client, "trtllm-echo", trtllm([5], 2, beam_width=i32(5)))
+    assert wide.error is not None and "max_beam_width (4)" in wide.error
+
+
+async def test_ft_beams_hold_the_prompt_and_fall_back_to_one_beam(grpc_client: InferenceServerClient) -> None:
+    ft = {"input_ids": ([[5, 6, 7]], np.uint32), "input_lengths": u32(3), "request_output_len": u32(2),
+          "is_return_log_probs": flag(True)}
+    replies = await stream(grpc_client, "ft-echo", {**ft, "beam_width": u32(3)})
+    last = replies[-1]
+    assert last.final and last.outputs["output_ids"].tolist() == [[[5, 6, 7, 5, 6], [5, 6, 7, 6, 7], [5, 6, 7, 7, 5]]]
+    assert last.outputs["sequence_length"].tolist() == [[5, 5, 5]]
+    cumulative = last.outputs["cum_log_probs"].reshape(-1).tolist()
+    assert cumulative == sorted(cumulative, reverse=True)
+    (*_, five) = await stream(grpc_client, "ft-echo", {**ft, "beam_width": u32(5)})  # not an FT width: 1 beam
+    assert five.outputs["output_ids"].shape == (1, 1, 5)
+
+
 # -- trtllm-text-echo / trtllm-bls-echo-accumulate: the ensemble / BLS text interface ------------------
 
 

@@ -32,6 +32,8 @@ class EchoBackend:
     counts_end_token: bool = True
     # A knob the backend lacks: request field -> a value that needs it.
     lacks: dict[str, Any] = field(default_factory=dict)
+    # Most beams of beam search (`num_beams`; the model card's max_beams), 0: none.
+    max_beams: int = 0
 
     @property
     def slow(self) -> str:
@@ -47,10 +49,13 @@ class EchoBackend:
 
 ECHO_BACKENDS = (
     EchoBackend("ft-echo", "fastertransformer", lacks={"frequency_penalty": 0.5, "min_p": 0.1, "ignore_eos": True,
-                                                           "top_logprobs": 2}),
-    EchoBackend("trtllm-echo", "tensorrt_llm", counts_end_token=False, lacks={"min_p": 0.1, "top_logprobs": 2}),
+                                                           "top_logprobs": 2}, max_beams=32),
+    # Both with `max_beam_width` 4 in their Triton configuration.
+    EchoBackend("trtllm-echo", "tensorrt_llm", counts_end_token=False, lacks={"min_p": 0.1, "top_logprobs": 2},
+                max_beams=4),
     # The pre-2025 input names (random_seed, min_length) and no token counts from the model.
-    EchoBackend("trtllm-echo-v0", "tensorrt_llm", counts_end_token=False, lacks={"min_p": 0.1, "top_logprobs": 2}),
+    EchoBackend("trtllm-echo-v0", "tensorrt_llm", counts_end_token=False, lacks={"min_p": 0.1, "top_logprobs": 2},
+                max_beams=4),
     EchoBackend("trtllm-text-echo", "tensorrt_llm_text", "text-pieces", logprobs=False, counts_end_token=False,
                 lacks={"logprobs": True, "min_p": 0.1}),
     EchoBackend("trtllm-bls-echo-accumulate", "tensorrt_llm_text", "cumulative-text", logprobs=False,

@@ -6,10 +6,10 @@ this file; the model's own `1/model.py` only imports it. The subclass owns its b
 interface (`parse` turns a request into a `Job`, `respond` builds each response); the rest is here:
 
 - `Echo`, one sequence: generated token i repeats the prompt cyclically (sequence k of a request starts
-  at prompt token k), skipping a token that would complete a bad word or, before `min_tokens`, an end
-  token. It stops at an end token, when its tokens end with a stop word (a match may not reach into
-  the prompt), or after `max_new` tokens. Generating nothing is possible: when every prompt token is
-  skipped the sequence ends at once with "length".
+  at prompt token k: beam k of a beam search, best first), skipping a token that would complete a bad
+  word or, before `min_tokens`, an end token. It stops at an end token, when its tokens end with a stop
+  word (a match may not reach into the prompt), or after `max_new` tokens. Generating nothing is
+  possible: when every prompt token is skipped the sequence ends at once with "length".
 - `EchoModel`, the loop: one thread per request; before each response it sleeps `delay_ms`, checks
   cancellation, then fails on purpose once `error_after_tokens` tokens exist, else generates
   `tokens_per_response` more tokens (per sequence) and sends a response (streaming) or keeps going
@@ -104,9 +104,10 @@ def string_tensor(name: str, texts: list[str], shape: tuple[int, ...] | None = N
     return pb_utils.Tensor(name, array.reshape(shape) if shape else array)
 
 
-def log_prob(position: int) -> float:
-    """Generated token `position` (from 0) has log probability -0.1 * (position + 1), in every echo model."""
-    return float(np.float32(-0.1 * (position + 1)))
+def log_prob(position: int, beam: int = 0) -> float:
+    """Generated token `position` (from 0) has log probability -0.1 * (position + 1), in every echo model;
+    on beam k of a beam search 0.01 * k less, so that the beams come best first."""
+    return float(np.float32(-0.1 * (position + 1) - 0.01 * beam))
 
 
 # -- generation --------------------------------------------------------------------------------------

@@ -12,6 +12,10 @@ response adds `tokens_per_response` tokens (the last may add fewer) and the resp
 tokens is the one flagged FINAL. With `is_return_log_probs`, `output_log_probs` [1, 1,
 request_output_len] and `cum_log_probs` [1, 1] come too. A cancelled request ends with an empty FINAL
 response and logs "ft-echo cancelled after N tokens".
+
+Beam search: `beam_width` 2, 3, 4, 8, 16 or 32 (FT's widths; any other runs as 1, as FT does) makes that
+many sequences, beam k the echo starting at prompt token k (echo_core), best first; every response holds
+all beams ([1, beams, width], `sequence_length` [1, beams], log probs per beam).
 """
 
 from __future__ import annotations
@@ -44,6 +48,9 @@ def word_list(request: Any, name: str) -> list[list[int]]:
     return words
 
 
+FT_BEAM_WIDTHS = (1, 2, 3, 4, 8, 16, 32)
+
+
 @dataclass
 class FtJob(Job):
     end_id: int = 0
@@ -61,26 +68,31 @@ class FtEchoModel(EchoModel):
         if not 0 < length <= ids.shape[1]:
             raise RequestError(f"input_lengths={length} but input_ids holds {ids.shape[1]} ids")
         end_id = scalar(request, "end_id", self.default_end_id, int)
-        echo = Echo(prompt=[int(t) for t in ids[0, :length]], max_new=scalar(request, "request_output_len", 0, int),
-                    end_ids=frozenset([end_id]), stop_words=word_list(request, "stop_words_list"),
-                    bad_words=word_list(request, "bad_words_list"))
-        return FtJob(request.request_id(), [echo], streaming=True, end_id=end_id,
+        beams = scalar(request, "beam_width", 1, int)
+        beams = beams if beams in FT_BEAM_WIDTHS else 1
+        echoes = [Echo(prompt=[int(t) for t in ids[0, :length]], max_new=scalar(request, "request_output_len", 0, int),
+                       end_ids=frozenset([end_id]), stop_words=word_list(request, "stop_words_list"),
+                       bad_words=word_list(request, "bad_words_list"), start=k) for k in range(beams)]
+        return FtJob(request.request_id(), echoes, streaming=True, end_id=end_id,
                      log_probs=scalar(request, "is_return_log_probs", False, bool), **self.knobs(request))
 
     def respond(self, job: FtJob, done: bool) -> Any:
-        echo = job.sequences[0]
-        tokens = echo.prompt + echo.tokens
-        width = len(tokens) if self.trim_output else len(echo.prompt) + echo.max_new
-        output_ids = np.full((1, 1, width), job.end_id & 0xFFFFFFFF, dtype=np.uint32)
-        output_ids[0, 0, : len(tokens)] = tokens
+        beams = job.sequences
+        prompt, max_new = beams[0].prompt, beams[0].max_new
+        sequences = [prompt + echo.tokens for echo in beams]
+        width = max(map(len, sequences)) if self.trim_output else len(prompt) + max_new
+        output_ids = np.full((1, len(beams), width), job.end_id & 0xFFFFFFFF, dtype=np.uint32)
+        for k, tokens in enumerate(sequences):
+            output_ids[0, k, : len(tokens)] = tokens
         outputs = [
             pb_utils.Tensor("output_ids", output_ids),
-            pb_utils.Tensor("sequence_length", np.array([[len(tokens)]], dtype=np.uint32)),
-            pb_utils.Tensor("response_input_lengths", np.array([[len(echo.prompt)]], dtype=np.int32)),
+            pb_utils.Tensor("sequence_length", np.array([[len(tokens) for tokens in sequences]], dtype=np.uint32)),
+            pb_utils.Tensor("response_input_lengths", np.full((1, len(beams)), len(prompt), dtype=np.int32)),
         ]
         if job.log_probs:
-            per_token = np.zeros((1, 1, echo.max_new), dtype=np.float32)
-            per_token[0, 0, : len(echo.tokens)] = [log_prob(i) for i in range(len(echo.tokens))]
+            per_token = np.zeros((1, len(beams), max_new), dtype=np.float32)
+            for k, echo in enumerate(beams):
+                per_token[0, k, : len(echo.tokens)] = [log_prob(i, k) for i in range(len(echo.tokens))]
             outputs.append(pb_utils.Tensor("output_log_probs", per_token))
             outputs.append(pb_utils.Tensor("cum_log_probs", per_token.sum(axis=2)))
         return pb_utils.InferenceResponse(output_tensors=outputs)

@@ -8,7 +8,12 @@ model_instance_state.cc fillTritonResponse; the executor's LlmRequest::createRes
   whichever it declares; `exclude_input_in_output`, `return_num_input_tokens` and
   `return_num_output_tokens` only when declared (else the model parameter `exclude_input_in_output`).
 - The prompt is the whole of `input_ids` [1, L]; `input_lengths` is required but, as in the C++ backend
-  for a batch of one, not read. Sampling inputs are accepted and ignored; `beam_width` must be 1.
+  for a batch of one, not read. Sampling inputs are accepted and ignored.
+- Beam search: `beam_width` up to the model parameter `max_beam_width` (default 1, as TensorRT-LLM's)
+  makes that many sequences, beam k the echo starting at prompt token k (echo_core), best first; a wider
+  beam fails the request. With beams, `output_ids` is [1, beams, longest] (shorter beams padded with -1)
+  and `sequence_length` [1, beams], and a streamed response holds every beam's tokens so far, not only
+  the new ones (LlmRequest sets returnAllGeneratedTokens when streaming with beams).
 - `end_id` defaults to -1: without it generation does not stop at an end token. The end token is not
   in the output (the executor drops it), `min_tokens` keeps end tokens out until that many tokens (it
   does not delay stop words: TRT-LLM's min-length penalty touches only the end id's logit), stop words
@@ -120,10 +125,10 @@ class TrtllmJob(Job):
     def echo(self) -> Echo:
         return self.sequences[0]
 
-    def visible(self) -> list[int]:
+    def visible(self, beam: int = 0) -> list[int]:
         """The generated tokens TRT-LLM returns: an end token is not among them."""
-        tokens = self.echo.tokens
-        return tokens[:-1] if self.echo.finish == "end_id" else tokens
+        echo = self.sequences[beam]
+        return echo.tokens[:-1] if echo.finish == "end_id" else echo.tokens
 
     def response_ids(self) -> list[int]:
         """What this response's `output_ids` hold; streaming, only what is new since the last one."""
@@ -133,10 +138,20 @@ class TrtllmJob(Job):
             return new
         return ([] if self.exclude_input else self.echo.prompt) + visible
 
+    def beam_ids(self) -> list[list[int]]:
+        """Each beam's `output_ids` row: with beams, streaming too, all its tokens so far."""
+        if len(self.sequences) == 1:
+            return [self.response_ids()]
+        prompt = [] if self.streaming or self.exclude_input else self.echo.prompt
+        return [prompt + self.visible(k) for k in range(len(self.sequences))]
+
     def extra_outputs(self, ids: list[int]) -> list[Any]:
         outputs = []
         if self.log_probs:
-            values = np.array([[[log_prob(i) for i in range(len(self.visible()))]]], dtype=np.float32)
+            rows = [[log_prob(i, k) for i in range(len(self.visible(k)))] for k in range(len(self.sequences))]
+            values = np.zeros((1, len(rows), max(map(len, rows))), dtype=np.float32)
+            for k, row in enumerate(rows):
+                values[0, k, : len(row)] = row
             outputs += [pb_utils.Tensor("output_log_probs", values),
                         pb_utils.Tensor("cum_log_probs", values.sum(axis=2))]
         if self.num_input:
@@ -152,6 +167,7 @@ class TrtllmEchoModel(EchoModel):
         self.exclude_default = self.param("exclude_input_in_output", "false").lower() in TRUE
         self.lora_cache: OrderedDict[int, dict[str, Any]] = OrderedDict()  # task id -> what its weights were
         self.lora_cache_size = int(self.param("lora_cache_size", "8"))
+        self.max_beam_width = int(self.param("max_beam_width", "1"))
 
     def declared(self, *names: str) -> str:
         """The first of `names` this model's config declares (names changed between TRT-LLM versions)."""
@@ -190,13 +206,13 @@ class TrtllmEchoModel(EchoModel):
             raise assertion("mMaxNewTokens > 0")
         if not -1 <= end_id < self.vocab_size:
             raise assertion(f"EndId ({end_id}) is not within acceptable range [-1, {self.vocab_size}).")
-        beam_width = scalar(request, "beam_width", 1, int)
-        if beam_width != 1:  # wording ours: the echo has no beams
-            raise assertion(f"beam width ({beam_width}) must be 1 on this model (max_beam_width 1)")
-        echo = Echo(prompt=prompt, max_new=max_new, end_ids=frozenset([end_id]) if end_id >= 0 else frozenset(),
-                    min_tokens=scalar(request, self.declared("min_tokens", "min_length"), 0, int),
-                    stop_words=stop_words, bad_words=bad_words)
-        return TrtllmJob(request.request_id(), [echo], streaming=streaming,
+        beams = scalar(request, "beam_width", 1, int)
+        if not 1 <= beams <= self.max_beam_width:  # wording ours
+            raise assertion(f"beam width ({beams}) must be between 1 and max_beam_width ({self.max_beam_width})")
+        echoes = [Echo(prompt=prompt, max_new=max_new, end_ids=frozenset([end_id]) if end_id >= 0 else frozenset(),
+                       min_tokens=scalar(request, self.declared("min_tokens", "min_length"), 0, int),
+                       stop_words=stop_words, bad_words=bad_words, start=k) for k in range(beams)]
+        return TrtllmJob(request.request_id(), echoes, streaming=streaming,
                          exclude_input=self.flag(request, "exclude_input_in_output", self.exclude_default),
                          log_probs=self.flag(request, "return_log_probs"),
                          num_input=self.flag(request, "return_num_input_tokens"),
@@ -217,10 +233,13 @@ class TrtllmEchoModel(EchoModel):
                            sparse_word_list(request, "bad_words_list"), self.flag(request, "streaming"))
 
     def respond(self, job: TrtllmJob, done: bool) -> Any:
-        ids = job.response_ids()
-        outputs = [pb_utils.Tensor("output_ids", np.array([[ids]], dtype=np.int32).reshape(1, 1, len(ids))),
-                   pb_utils.Tensor("sequence_length", np.array([[len(ids)]], dtype=np.int32))]
-        return pb_utils.InferenceResponse(output_tensors=outputs + job.extra_outputs(ids))
+        beams = job.beam_ids()
+        output_ids = np.full((1, len(beams), max(map(len, beams))), -1, dtype=np.int32)
+        for k, ids in enumerate(beams):
+            output_ids[0, k, : len(ids)] = ids
+        outputs = [pb_utils.Tensor("output_ids", output_ids),
+                   pb_utils.Tensor("sequence_length", np.array([[len(ids) for ids in beams]], dtype=np.int32))]
+        return pb_utils.InferenceResponse(output_tensors=outputs + job.extra_outputs(beams[0]))
 
 
 class TrtllmTextEchoModel(TrtllmEchoModel):

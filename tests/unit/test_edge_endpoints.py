@@ -96,7 +96,7 @@ def test_completion_converter() -> None:
     ({"n": 0}, ("n",)),
     ({"n": 129}, ("n",)),  # OpenAI's bound; each model's own (`max_n`) is the llm service's
     ({"max_tokens": 0}, ("max_tokens",)),
-    ({"num_beams": 2}, ("num_beams",)),
+    ({"num_beams": 0}, ("num_beams",)),  # each model's own limit (max_beams) is the llm service's
     ({"repetition_penalty": 1e300}, ("repetition_penalty",)),  # would travel as float32 infinity
     ({"temperature": 2.5}, ("temperature",)),
     ({"top_p": 1.5}, ("top_p",)),
@@ -150,6 +150,7 @@ def test_chat_defaults_are_never_errors() -> None:
 @pytest.mark.parametrize(("body", "param"), [
     ({"suffix": "end"}, "suffix"),
     ({"best_of": 3}, "best_of"),
+    ({"best_of": 3, "use_beam_search": True, "num_beams": 2}, "num_beams"),
     ({"max_tokens": 0}, "max_tokens"),
     ({"stream_options": {"include_usage": True}, "stream": False}, "stream_options"),
 ])

@@ -3,7 +3,7 @@ the GenerateRequest it becomes."""
 
 from __future__ import annotations
 
-from edge.endpoints import interactive, responses
+from edge.endpoints import chat, completions, interactive, responses
 from edge.endpoints.generation import GenerationInput, Sampling
 from tritongate.llm.v1 import llm_pb2
 
@@ -66,3 +66,17 @@ def test_interactive_turns_convert_straight_into_the_input() -> None:
     assert [m.content for m in proto.chat.messages] == ["hi", "yo", "again"]
     assert (proto.max_tokens, proto.top_k, list(proto.stop), proto.seed) == (3, 40, ["x"], 7)
     assert generation.param("max_tokens") == "request_output_len" and generation.param("n") == "n"
+
+
+def test_num_beams_and_best_of_with_use_beam_search_become_the_beam_width() -> None:
+    beams = chat.generation_input(chat.ChatCompletionRequest.model_validate({
+        "model": "m", "messages": [{"role": "user", "content": "hi"}], "num_beams": 4, "n": 2}))
+    assert beams.proto().beam_width == 4 and beams.proto().n == 2
+    assert chat.generation_input(chat.ChatCompletionRequest.model_validate({
+        "model": "m", "messages": [{"role": "user", "content": "hi"}], "num_beams": 1})).proto().beam_width == 0
+    legacy = completions.generation_input(completions.CompletionRequest.model_validate({
+        "model": "m", "prompt": "x", "use_beam_search": True, "best_of": 3, "n": 2}))
+    assert legacy.proto().beam_width == 3 and legacy.param("num_beams") == "best_of"  # refusals name best_of
+    default = completions.generation_input(completions.CompletionRequest.model_validate({
+        "model": "m", "prompt": "x", "use_beam_search": True, "n": 2}))
+    assert default.proto().beam_width == 2

@@ -92,3 +92,29 @@ async def test_cumulative_outputs_become_new_tokens() -> None:
     assert [s.token_ids for s in steps] == [[20], [21, 22], [2]]
     assert [s.logprobs for s in steps] == [[-1.0], [-2.0, -3.0], [-4.0]]
     assert triton.requests[0].request_id == "chatcmpl-1-0"  # Triton's logs name the client request
+
+
+def test_ft_takes_only_its_beam_widths() -> None:
+    adapter = FasterTransformer(None, "u", "m")  # type: ignore[arg-type]
+    adapter.configure(ft_config(FT_INPUTS))
+    assert adapter.beam_widths == []  # no beam_width input
+    adapter.configure(ft_config({**FT_INPUTS, "beam_width": "UINT32"}))
+    assert adapter.beam_widths == [2, 3, 4, 8, 16, 32]
+    assert adapter.tensors([1], Sampling(max_new_tokens=1, greedy=True, beam_width=4))["beam_width"].tolist() == [[4]]
+    limited = {"max_beam_width": {"string_value": "1"}}
+    adapter.configure({**ft_config({**FT_INPUTS, "beam_width": "UINT32"}), "parameters": limited})
+    assert adapter.beam_widths == []
+
+
+async def test_ft_beams_are_each_beams_generated_tokens() -> None:
+    prompt = [7, 8]
+    ids = np.array([[[7, 8, 20, 21, 2], [7, 8, 22, 2, 2]]], dtype=np.uint32)  # padded with the end id
+    inputs = {**FT_INPUTS, "beam_width": "UINT32"}
+    async with FakeTriton({"m": FakeModel(ft_config(inputs), [
+        {"output_ids": ids, "sequence_length": np.array([[4, 3]], dtype=np.uint32)},
+    ])}) as triton:
+        adapter = FasterTransformer(*await triton.calling("m"), "m")
+        adapter.configure(ft_config(inputs))
+        steps = [step async for step in adapter.stream(prompt, Sampling(max_new_tokens=3, greedy=True, beam_width=2),
+                                                       None)]
+    assert [s.beams for s in steps] == [[[20, 21], [22]]]

@@ -30,9 +30,10 @@ from tritongate.logs import NO_REQUEST
 class Backend:
     name = "fake"
 
-    def __init__(self, *knobs: Knob, takes_text: bool = False) -> None:
+    def __init__(self, *knobs: Knob, takes_text: bool = False, beam_widths: Sequence[int] = ()) -> None:
         self.knobs = set(knobs)
         self.takes_text = takes_text
+        self.beam_widths = beam_widths
 
     def configure(self, triton_config: dict[str, Any]) -> None:
         pass
@@ -279,3 +280,39 @@ def test_model_infos_bad_words_need_a_backend_with_bad_words() -> None:
         policy(backend=Backend(), defaults=Defaults(end_id=2, bad_words=[[5]])).check_backend()
     assert info.value.code == grpc.StatusCode.FAILED_PRECONDITION and "bad_words" in info.value.message
     policy(defaults=Defaults(end_id=2, bad_words=[[5]])).check_backend()
+
+
+# -- beam search ---------------------------------------------------------------------------------------
+
+BEAMS = Backend(beam_widths=[2, 3, 4, 8])  # FasterTransformer-like: not every width up to the largest
+
+
+@pytest.mark.parametrize(("fields", "param", "says"), [
+    ({"beam_width": 2}, "num_beams", "not supported by the fake backend"),
+    ({"beam_width": 1000}, "num_beams", "one of 1, 2, 3, 4, 8"),
+])
+def test_beams_beyond_the_backend_are_refused(fields: dict[str, Any], param: str, says: str) -> None:
+    backend = FT if fields["beam_width"] == 2 else BEAMS
+    assert says in refused(param, backend, **fields)
+
+
+def test_a_contiguous_range_of_widths_is_named_as_one() -> None:
+    assert "between 1 and 4" in refused("num_beams", Backend(beam_widths=[2, 3, 4]), beam_width=5)
+
+
+@pytest.mark.parametrize(("fields", "param"), [
+    ({"beam_width": 5}, "num_beams"),  # FT runs other widths as 1: refused, not silently changed
+    ({"beam_width": 2, "n": 3}, "n"),
+    ({"beam_width": 2, "logprobs": True}, "logprobs"),
+    ({"beam_width": 2, "guide": llm_pb2.Guide(json_object=True)}, "response_format"),
+    ({"beam_width": 2, "chat": llm_pb2.Chat(tools=[llm_pb2.Tool(name="f")], tool_choice=llm_pb2.ToolChoice(
+        mode="required"))}, "tool_choice"),
+])
+def test_beam_search_refusals_name_the_parameter(fields: dict[str, Any], param: str) -> None:
+    refused(param, Backend("logprobs", "guided_decoding", beam_widths=[2, 3, 4, 8]), **fields)
+
+
+def test_beam_width_reaches_the_sampling() -> None:
+    assert resolve(BEAMS, beam_width=4, n=2)[0].beam_width == 4
+    assert resolve(FT, beam_width=1)[0].beam_width == 1  # 1 (and 0) is no beam search, on any backend
+    assert resolve(FT)[0].beam_width == 1

@@ -128,3 +128,31 @@ async def test_each_response_holds_only_new_tokens() -> None:
     request = triton.requests[0]
     assert request.outputs == ["output_ids", "sequence_length", "output_log_probs"]
     assert request.request_id == "cmpl-1-0"
+
+
+def test_beam_widths_follow_the_max_beam_width_parameter() -> None:
+    beams = {**INPUTS, "beam_width": "INT32"}
+    assert adapter(beams).beam_widths == []  # TensorRT-LLM's default max_beam_width is 1
+    wide = adapter(beams, parameters={"max_beam_width": {"string_value": "4"}})
+    assert wide.beam_widths == [2, 3, 4]
+    assert adapter(parameters={"max_beam_width": {"string_value": "4"}}).beam_widths == []  # no beam_width input
+    assert wide.tensors([1], sampling(beam_width=3))["beam_width"].tolist() == [[3]]
+    assert "beam_width" not in wide.tensors([1], sampling())
+
+
+async def test_beams_are_whole_in_every_response() -> None:
+    """Streaming with beams, TensorRT-LLM sends every beam's tokens so far, shorter ones padded with -1."""
+    def beams(rows: list[list[int]]) -> dict[str, np.ndarray]:
+        ids = np.full((1, len(rows), max(map(len, rows))), -1, dtype=np.int32)
+        for k, row in enumerate(rows):
+            ids[0, k, : len(row)] = row
+        return {"output_ids": ids, "sequence_length": np.array([[len(row) for row in rows]], dtype=np.int32)}
+
+    inputs = {**INPUTS, "beam_width": "INT32"}
+    async with FakeTriton({"m": FakeModel(triton_config(inputs, OUTPUTS), [
+        beams([[20], [21]]), {}, beams([[20, 22], [21]]),
+    ])}) as triton:
+        trt = adapter(inputs, calling=await triton.calling("m"), parameters={"max_beam_width": {"string_value": "2"}})
+        steps = [step async for step in trt.stream([7, 8], sampling(beam_width=2), None)]
+    assert [s.beams for s in steps] == [[[20], [21]], [[20, 22], [21]]]
+    assert triton.requests[0].inputs["beam_width"].tolist() == [[2]]
