@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Self
 
 import orjson
@@ -25,6 +26,7 @@ from pydantic import Field, RootModel, WithJsonSchema, field_validator, model_va
 
 from edge.endpoints.common import UINT32_MAX, OpenAIRequest, ParamError, ResponseModel
 from edge.endpoints.generation import GenerationInput, Sampling
+from edge.endpoints.images import PendingImage
 from edge.endpoints.llm_common import Collected, TopP, stop_list
 from edge.endpoints.tools import tool_list
 from tritongate.common.v1 import common_pb2
@@ -70,9 +72,20 @@ def _string(block: dict[str, Any], field: str, where: str) -> str:
     return value
 
 
-def image(block: dict[str, Any], where: str) -> llm_pb2.Image:
-    """An `image` block's picture (its `source`: base64 data or a URL). Not taken by this server yet."""
-    raise ParamError(f"'{where}': image blocks are not supported by this server yet", where)
+def image_url(block: dict[str, Any], where: str) -> tuple[str, str]:
+    """An `image` block's picture as a URL for the image loader (edge/endpoints/images.py), with the
+    parameter that holds it: its `source`'s base64 `data` (as a `data:` URL) or its `url`."""
+    source = block.get("source")
+    kind = source.get("type") if isinstance(source, dict) else None
+    if kind == "base64":
+        assert isinstance(source, dict)
+        media_type = _string(source, "media_type", f"{where}.source")
+        return f"data:{media_type};base64,{_string(source, 'data', f'{where}.source')}", f"{where}.source.data"
+    if kind == "url":
+        assert isinstance(source, dict)
+        return _string(source, "url", f"{where}.source"), f"{where}.source.url"
+    raise ParamError(f"'{where}.source' must be an object with type 'base64' (media_type, data) or 'url'",
+                     f"{where}.source")
 
 
 def _tool_result_text(block: dict[str, Any], where: str) -> str:
@@ -92,16 +105,17 @@ def _tool_result_text(block: dict[str, Any], where: str) -> str:
     return "\n".join(texts)
 
 
-def _user_turn(blocks: list[tuple[dict[str, Any], str]], calls: set[str]) -> list[llm_pb2.ChatMessage]:
+def _user_turn(blocks: list[tuple[dict[str, Any], str]], calls: set[str], pending: list[PendingImage]
+               ) -> list[llm_pb2.ChatMessage]:
     """A user turn: a tool message per `tool_result` (answering a `tool_use` of `calls`, the turn before's),
-    then the text and images as one user message."""
+    then the text and images as one user message (its images added to `pending`, loaded later)."""
     messages, texts, images = [], [], []
     for block, where in blocks:
         kind = block["type"]
         if kind == "text":
             texts.append(_string(block, "text", where))
         elif kind == "image":
-            images.append(image(block, where))
+            images.append(image_url(block, where))
         elif kind == "tool_result":
             call_id = _string(block, "tool_use_id", where)
             if call_id not in calls:
@@ -113,7 +127,8 @@ def _user_turn(blocks: list[tuple[dict[str, Any], str]], calls: set[str]) -> lis
             raise ParamError(f"'{where}.type': blocks of type {kind!r} are not supported in a user turn: only "
                              "text, image and tool_result", f"{where}.type")
     if texts or images:
-        messages.append(llm_pb2.ChatMessage(role="user", content="\n".join(texts), images=images))
+        messages.append(llm_pb2.ChatMessage(role="user", content="\n".join(texts)))
+        pending += [PendingImage(messages[-1], url, param) for url, param in images]
     return messages
 
 
@@ -146,7 +161,15 @@ def _assistant_turn(blocks: list[tuple[dict[str, Any], str]]) -> llm_pb2.ChatMes
     return message
 
 
-def chat_messages(value: Any) -> list[llm_pb2.ChatMessage]:
+@dataclass(frozen=True)
+class Conversation:
+    """`messages` as chat messages, and the images of its user turns (loaded before the request goes out)."""
+
+    messages: list[llm_pb2.ChatMessage]
+    images: list[PendingImage]
+
+
+def chat_messages(value: Any) -> Conversation:
     """`messages`: user and assistant turns, consecutive turns of one role joined (as Anthropic does)."""
     if not isinstance(value, list) or not value:
         raise ParamError("'messages' must be a non-empty array of turns", "messages")
@@ -168,14 +191,15 @@ def chat_messages(value: Any) -> list[llm_pb2.ChatMessage]:
         else:
             turns.append((role, blocks))
     messages: list[llm_pb2.ChatMessage] = []
+    images: list[PendingImage] = []
     calls: set[str] = set()  # the ids of the previous assistant turn's tool_use blocks
     for role, blocks in turns:
         if role == "user":
-            messages += _user_turn(blocks, calls)
+            messages += _user_turn(blocks, calls, images)
         else:
             messages.append(_assistant_turn(blocks))
             calls = {call.id for call in messages[-1].tool_calls}
-    return messages
+    return Conversation(messages, images)
 
 
 def system_text(value: Any) -> str:
@@ -245,7 +269,7 @@ class MessagesInput(OpenAIRequest):
 
     @field_validator("messages")
     @classmethod
-    def _messages(cls, value: Any) -> list[llm_pb2.ChatMessage]:
+    def _messages(cls, value: Any) -> Conversation:
         return chat_messages(value)
 
     @field_validator("system")
@@ -297,7 +321,9 @@ def generation_input(body: MessagesInput) -> GenerationInput:
         sampling = Sampling(max_tokens=body.max_tokens, temperature=body.temperature, top_p=body.top_p,
                             top_k=body.top_k, stop=body.stop_sequences or ())
         stream = bool(body.stream)
-    return GenerationInput(model=body.model, messages=[*system, *body.messages], sampling=sampling, stream=stream,
+    conversation: Conversation = body.messages
+    return GenerationInput(model=body.model, messages=[*system, *conversation.messages], images=conversation.images,
+                           sampling=sampling, stream=stream,
                            tools=tools, tool_choice=choice, parallel_tool_calls=parallel,
                            template_variables={} if thinking is None else {"enable_thinking": thinking}, names=NAMES)
 

@@ -220,3 +220,22 @@ def test_too_many_images_are_refused(strict_edge: str) -> None:
     response = httpx.post(f"{strict_edge}/v1/chat/completions", json=chat_body(url, url, url))
     status, param, message = refusal(response)
     assert (status, param) == (400, "messages[1].content[3].image_url.url") and "at most 2 images" in message
+
+
+def test_anthropic_image_blocks_take_the_same_path(stack: LocalStack, events_file: Path) -> None:
+    """The anthropic SDK's base64 image blocks reach the model as chat's do; on a text-only model the 400
+    names the block's data, in Anthropic's error shape."""
+    import anthropic
+
+    claude = anthropic.Anthropic(base_url=stack.edge_url, api_key="unused", max_retries=0, timeout=300)
+    blocks: Any = [{"type": "text", "text": QUESTION},
+                   {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                                "data": base64.b64encode(PNG).decode()}}]
+    offset = events_offset(events_file)
+    message = claude.messages.create(model=VISION, max_tokens=4, messages=[{"role": "user", "content": blocks}])
+    assert message.content and message.stop_reason in ("end_turn", "max_tokens")
+    assert image_events(events_file, offset) == [[received(PNG, "image/png")]]
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        claude.messages.create(model=TEXT_ONLY, max_tokens=4, messages=[{"role": "user", "content": blocks}])
+    assert refused.value.body["type"] == "error"  # type: ignore[index]
+    assert "messages[0].content[1].source.data" in refused.value.body["error"]["message"]  # type: ignore[index]

@@ -115,7 +115,9 @@ def test_thinking_switches_the_templates_enable_thinking(thinking: Any, enabled:
                                                                   "content": "x"}]}]},
      "messages[2].content[0].tool_use_id", "toolu_2"),
     ({"messages": [{"role": "user", "content": [{"type": "image", "source": {
-        "type": "url", "url": "https://example.com/a.png"}}]}]}, "messages[0].content[0]", "image"),
+        "type": "file", "file_id": "file_1"}}]}]}, "messages[0].content[0].source", "base64"),
+    ({"messages": [{"role": "user", "content": [{"type": "image", "source": {
+        "type": "base64", "data": "iVBORw0KGgo="}}]}]}, "messages[0].content[0].source.media_type", "string"),
     ({"tools": [TOOL], "tool_choice": {"type": "tool", "name": "get_weather"}}, "tool_choice.name", "get_weather"),
     ({"tools": [TOOL], "tool_choice": {"type": "tool"}}, "tool_choice.name", "None"),
     ({"tool_choice": {"type": "any"}}, "tool_choice", "needs 'tools'"),
@@ -159,3 +161,18 @@ def test_errors_have_anthropics_shape_on_its_routes_only() -> None:
         assert body["error"] == {"type": "not_found_error", "message": "The model `x` does not exist."}
     assert error.body("/v1/chat/completions")["error"]["code"] == "model_not_found"
     assert error.body("/v1/messagesx")["error"]["param"] == "model"
+
+
+def test_image_blocks_become_the_user_messages_pending_images() -> None:
+    """Base64 sources as `data:` URLs, URL sources as they are, each under its own parameter; the image
+    loader (edge/endpoints/images.py) checks and loads them before the request goes out."""
+    generation = messages.generation_input(messages.MessagesRequest.model_validate({
+        "model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "What is this?"},
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}},
+            {"type": "image", "source": {"type": "url", "url": "https://example.com/a.jpg"}}]}]}))
+    [user] = generation.messages
+    assert user.content == "What is this?" and not user.images
+    assert [(image.message is user, image.url, image.param) for image in generation.images] == [
+        (True, "data:image/png;base64,iVBORw0KGgo=", "messages[0].content[1].source.data"),
+        (True, "https://example.com/a.jpg", "messages[0].content[2].source.url")]
