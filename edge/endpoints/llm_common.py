@@ -127,12 +127,14 @@ class Collected:
 
     def __init__(self) -> None:
         self.parts: list[str] = []
+        self.thoughts: list[str] = []  # a reasoning model's thinking
         self.logprobs: list[llm_pb2.TokenLogprob] = []
         self.finish_reason = "stop"
         self.tool_calls: list[dict[str, str]] = []  # id, name, arguments (JSON text) of each call
 
     def add(self, delta: llm_pb2.Delta) -> None:
         self.parts.append(delta.text)
+        self.thoughts.append(delta.reasoning)
         self.logprobs.extend(delta.logprobs)
         for piece in delta.tool_calls:
             while len(self.tool_calls) <= piece.index:
@@ -147,6 +149,10 @@ class Collected:
     @property
     def text(self) -> str:
         return "".join(self.parts)
+
+    @property
+    def reasoning(self) -> str:
+        return "".join(self.thoughts)
 
 
 class Shape(Protocol):
