@@ -11,7 +11,15 @@ from typing import Any
 
 import pytest
 
-from services.llm.reasoning import ReasoningName, detect_parser, make_parser, thinks_from_prompt
+from services.llm.reasoning import (
+    DEEPSEEK_ASSISTANT as R1,
+)
+from services.llm.reasoning import (
+    ReasoningName,
+    detect_parser,
+    make_parser,
+    thinks_from_prompt,
+)
 from services.llm.toolcalls import HermesParser
 from tests.unit.test_llm_model import VLLM, generate, model, serving, vllm_steps
 from tritongate.llm.v1 import llm_pb2
@@ -28,10 +36,10 @@ CASES: list[tuple[ReasoningName, str, str, str, str]] = [
     ("qwen3", "assistant\n", "<think>cut while thinking </thi", "cut while thinking </thi", ""),
     ("qwen3", "assistant\n", f"<think>Call it.</think>\n<tool_call>{CALL}</tool_call>", "Call it.",
      f"<tool_call>{CALL}</tool_call>"),
-    ("deepseek_r1", "<｜Assistant｜>", "Greeting.\n</think>\n\nHello!", "Greeting.", "Hello!"),
-    ("deepseek_r1", "<｜Assistant｜><think>\n", "<think>Twice opened.</think>Hi", "Twice opened.", "Hi"),
-    ("deepseek_r1", "<｜Assistant｜>", "never closed", "never closed", ""),
-    ("deepseek_r1", "<｜Assistant｜>", "a < b <\n\n</th", "a < b <\n\n</th", ""),
+    ("deepseek_r1", R1, "Greeting.\n</think>\n\nHello!", "Greeting.", "Hello!"),
+    ("deepseek_r1", R1 + "<think>\n", "<think>Twice opened.</think>Hi", "Twice opened.", "Hi"),
+    ("deepseek_r1", R1, "never closed", "never closed", ""),
+    ("deepseek_r1", R1, "a < b <\n\n</th", "a < b <\n\n</th", ""),
     ("gpt_oss", "<|start|>assistant",
      "<|channel|>analysis<|message|>First.<|end|><|start|>assistant<|channel|>analysis<|message|>Second.<|end|>"
      "<|start|>assistant<|channel|>final<|message|>Hello!<|return|>", "First.\nSecond.", "Hello!"),
@@ -95,7 +103,7 @@ def test_the_prompt_end_says_whether_the_template_opened_or_closed_the_thinking(
 @pytest.mark.parametrize(("template", "family"), [
     ("{{ '<|start|>assistant<|channel|>final<|message|>' }}", "gpt_oss"),
     ("{% if enable_thinking is false %}{{ '<think>\\n\\n</think>\\n\\n' }}{% endif %}", "qwen3"),
-    ("{% set content = content.split('</think>')[-1] %}{{ '<｜Assistant｜><think>\\n' }}", "deepseek_r1"),
+    ("{% set content = content.split('</think>')[-1] %}{{ '" + R1 + "<think>\\n' }}", "deepseek_r1"),
     ("{{ '<|im_start|>assistant\\n' }}", None),
 ])
 def test_the_family_is_detected_from_the_chat_template(template: str, family: str | None) -> None:
