@@ -131,7 +131,7 @@ async def _events(generation: Generation, accepted: llm_pb2.Accepted, framing: F
         if opening := b"".join(framing.start(accepted)):
             yield opening
         async for delta in generation.deltas():
-            events = [*framing.delta(delta)] if delta.text or delta.logprobs or delta.tool_calls or delta.reasoning \
+            events = [*framing.delta(delta)] if delta.text or delta.reasoning or delta.logprobs or delta.tool_calls \
                 else []
             if delta.finish_reason:
                 events.extend(framing.end(delta.index, delta.finish_reason, delta.stop_string))

@@ -251,6 +251,10 @@ class LlmModel(TritonModelEntry):
         None, description="How the model writes tool calls; default: detected from its chat template (Hermes when "
         "the template shows no tool markup)"
     )
+    reasoning_parser: Literal["deepseek_r1", "qwen3", "gpt_oss", "none"] | None = Field(
+        None, description="How the model writes its thinking (split into `reasoning_content`); \"none\": not "
+        "split; default: detected from its chat template (none when the template shows no thinking markup)"
+    )
     triton_inputs: dict[str, float] = Field(
         default_factory=dict,
         description="Constant scalar inputs added to every Triton request (e.g. FT's `len_penalty`), by "

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from functools import cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -78,6 +79,9 @@ class Settings(BaseSettings):
     max_embedding_inputs: int = 2048
     max_rerank_documents: int = 1000
     sse_keepalive_s: float = 15.0
+    # Where chat answers carry a reasoning model's thinking: `reasoning_content` (DeepSeek's API, read by
+    # Dify, LlamaIndex, LangChain), `reasoning` (newer vLLM) or both.
+    reasoning_field: Literal["reasoning_content", "reasoning", "both"] = "reasoning_content"
     # Where state that outlives a request lives, shared by every edge process pointed at it (edge/state/):
     # sqlite:///path (default: default_state_url(), one machine), redis://host:port/db (Redis or Valkey,
     # several machines) or memory:// (this process only).

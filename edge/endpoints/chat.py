@@ -31,6 +31,11 @@ from edge.endpoints.tools import (
 from tritongate.common.v1 import common_pb2
 from tritongate.llm.v1 import llm_pb2
 
+# OpenAI's ReasoningEffort (openapi.yaml); the chat template decides what each means, if anything.
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
+ReasoningField = Literal["reasoning_content", "reasoning", "both"]
+REASONING_FIELDS: dict[str, tuple[str, ...]] = {"reasoning_content": ("reasoning_content",),
+                                                "reasoning": ("reasoning",), "both": ("reasoning_content", "reasoning")}
 # OpenAI's roles → the template's ("function" is the legacy role of a function's result: a tool message).
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool",
          "function": "function"}
@@ -73,6 +78,10 @@ class ChatMessage(OpenAIRequest):
     tool_calls: Annotated[Any, WithJsonSchema({"type": "array", "items": _CALL})] = None
     function_call: Annotated[Any, WithJsonSchema({"type": "object"})] = None  # legacy: one call
     tool_call_id: str | None = Field(None, validate_default=True)
+    # An assistant turn's thinking, as answers carry it (templates that show earlier thinking read it).
+    reasoning_content: str | None = None
+    reasoning: str | None = None
+
     # The `image_url` parts of a user message: (place in `content`, URL), loaded later (edge/endpoints/images.py).
     _image_urls: list[tuple[int, Any]] = PrivateAttr(default_factory=list)
 
@@ -170,7 +179,7 @@ class ChatCompletionRequest(GenerationRequest):
         "type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}, {"type": "null"}]})] = None
     # For reasoning models; reaches the chat template as the variable `reasoning_effort` (as vLLM does for
     # templates that read it, e.g. gpt-oss); templates that do not read it ignore it.
-    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+    reasoning_effort: ReasoningEffort | None = None
     # Extension (vLLM, SGLang): extra variables for the chat template, e.g. {"enable_thinking": false}.
     chat_template_kwargs: dict[str, Any] | None = None
 
@@ -195,7 +204,8 @@ def message_proto(message: ChatMessage) -> llm_pb2.ChatMessage:
     calls = (message.tool_calls or []) + (message.function_call or [])  # legacy function_call: no id
     tool_call_id = message.tool_call_id or (message.name or "" if message.role == "function" else "")
     return llm_pb2.ChatMessage(role="tool" if message.role == "function" else message.role, content=message.content,
-                               name=message.name or "", tool_calls=calls, tool_call_id=tool_call_id)
+                               name=message.name or "", tool_calls=calls, tool_call_id=tool_call_id,
+                               reasoning=message.reasoning_content or message.reasoning or "")
 
 
 def pending_images(body: ChatCompletionRequest, messages: list[llm_pb2.ChatMessage]) -> list[PendingImage]:
@@ -255,8 +265,11 @@ class ToolCall(ResponseModel):
 
 class AssistantMessage(ResponseModel):
     role: Literal["assistant"]
-    content: str | None  # null when the message only calls tools
+    content: str | None  # null when the message only calls tools, or only thinks (cut by max_tokens)
     refusal: None
+    # Extensions: a reasoning model's thinking, under the name(s) the `reasoning_field` setting gives.
+    reasoning_content: str | None = None
+    reasoning: str | None = None
     tool_calls: list[ToolCall] | None = None
     function_call: FunctionCall | None = None  # instead of tool_calls, for legacy `functions`
 
@@ -292,6 +305,8 @@ class ToolCallPiece(ResponseModel):
 class ChunkDelta(ResponseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None  # extensions, as in AssistantMessage
+    reasoning: str | None = None
     tool_calls: list[ToolCallPiece] | None = None
     function_call: FunctionCallPiece | None = None  # legacy `functions`
 
@@ -316,9 +331,11 @@ class ChatShape:
     object = "chat.completion.chunk"
     prefix = "chatcmpl"
 
-    def __init__(self, logprobs: bool, legacy_functions: bool = False) -> None:
+    def __init__(self, logprobs: bool, legacy_functions: bool = False,
+                 reasoning_field: ReasoningField = "reasoning_content") -> None:
         self.logprobs = logprobs
         self.legacy = legacy_functions  # answer with `function_call`, as OpenAI did for `functions`
+        self.reasoning_fields = REASONING_FIELDS[reasoning_field]
 
     def _logprobs(self, entries: list[llm_pb2.TokenLogprob]) -> dict[str, Any] | None:
         if not self.logprobs:
@@ -334,7 +351,10 @@ class ChatShape:
                 "finish_reason": None}
 
     def delta(self, delta: llm_pb2.Delta) -> dict[str, Any]:
-        body: dict[str, Any] = {"content": delta.text} if delta.text or not delta.tool_calls else {}
+        body: dict[str, Any] = {"content": delta.text} if delta.text or not (delta.tool_calls or delta.reasoning) \
+            else {}
+        if delta.reasoning:
+            body.update(dict.fromkeys(self.reasoning_fields, delta.reasoning))
         if delta.tool_calls and self.legacy:
             body["function_call"] = delta_json(delta.tool_calls[0], legacy=True)
         elif delta.tool_calls:
@@ -350,6 +370,9 @@ class ChatShape:
 
     def message(self, choice: Collected) -> dict[str, Any]:
         message: dict[str, Any] = {"role": "assistant", "content": choice.text, "refusal": None}
+        if choice.reasoning:
+            message["content"] = choice.text or None  # all thinking: no answer yet
+            message.update(dict.fromkeys(self.reasoning_fields, choice.reasoning))
         if choice.tool_calls:
             message["content"] = choice.text or None
             if self.legacy:
@@ -369,5 +392,5 @@ class ChatShape:
         }
 
 
-def shape(body: ChatCompletionRequest) -> ChatShape:
-    return ChatShape(bool(body.logprobs), body.legacy_functions)
+def shape(body: ChatCompletionRequest, reasoning_field: ReasoningField = "reasoning_content") -> ChatShape:
+    return ChatShape(bool(body.logprobs), body.legacy_functions, reasoning_field)

@@ -47,15 +47,23 @@ class Head(ResponseModel):
     model: str
 
 
+class CompletionTokensDetails(ResponseModel):
+    reasoning_tokens: int
+
+
 class Usage(ResponseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    completion_tokens_details: CompletionTokensDetails | None = None  # when the model reasoned
 
 
-def usage_object(usage: common_pb2.Usage) -> dict[str, int]:
-    return {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
-            "total_tokens": usage.total_tokens}
+def usage_object(usage: common_pb2.Usage) -> dict[str, Any]:
+    counts: dict[str, Any] = {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
+                              "total_tokens": usage.total_tokens}
+    if usage.reasoning_tokens:
+        counts["completion_tokens_details"] = {"reasoning_tokens": usage.reasoning_tokens}
+    return counts
 
 
 def is_token_ids(value: object) -> bool:

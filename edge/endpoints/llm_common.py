@@ -128,15 +128,15 @@ class Collected:
 
     def __init__(self) -> None:
         self.parts: list[str] = []
+        self.thoughts: list[str] = []  # a reasoning model's thinking
         self.logprobs: list[llm_pb2.TokenLogprob] = []
         self.finish_reason = "stop"
         self.stop_string = ""  # the stop string that ended the choice, if one did
         self.tool_calls: list[dict[str, str]] = []  # id, name, arguments (JSON text) of each call
-        self.reasoning_parts: list[str] = []
 
     def add(self, delta: llm_pb2.Delta) -> None:
         self.parts.append(delta.text)
-        self.reasoning_parts.append(delta.reasoning)
+        self.thoughts.append(delta.reasoning)
         self.logprobs.extend(delta.logprobs)
         for piece in delta.tool_calls:
             while len(self.tool_calls) <= piece.index:
@@ -155,7 +155,7 @@ class Collected:
 
     @property
     def reasoning(self) -> str:
-        return "".join(self.reasoning_parts)
+        return "".join(self.thoughts)
 
 
 class Shape(Protocol):

@@ -6,7 +6,9 @@ message, the stored conversation of `previous_response_id` and then `input` the 
 format and function `tools` the tools, through the rules chat uses for its own (edge/endpoints/tools.py),
 with errors naming this request's parameters. The answer is collected or streamed by the one generation
 path (edge/streaming.py), shaped here: a `message` output item for the text and a `function_call` item
-per tool call, `ResponseRecorder.response` for a whole Response, `ResponseEvents` for the stream
+per tool call, before them a `reasoning` item for a reasoning model's thinking (its text as a
+`reasoning_text` content part; `reasoning.effort` reaches the chat template as `reasoning_effort`, as
+chat's does), `ResponseRecorder.response` for a whole Response, `ResponseEvents` for the stream
 (`response.created` ... `response.completed`). A Response with `store` (the default) is kept, with the
 conversation that led to it, in the state store that every edge process shares (edge/state/).
 """
@@ -22,6 +24,7 @@ from typing import Annotated, Any, Literal
 import orjson
 from pydantic import Field, RootModel, WithJsonSchema, field_validator
 
+from edge.endpoints.chat import ReasoningEffort
 from edge.endpoints.common import UINT32_MAX, OpenAIRequest, ResponseModel
 from edge.endpoints.generation import GenerationInput, Sampling
 from edge.endpoints.images import PendingImage
@@ -38,6 +41,13 @@ NAMES = {"response_format": "text.format", "max_tokens": "max_output_tokens", "m
 
 Input = Annotated[Any, WithJsonSchema({"anyOf": [{"type": "string", "minLength": 1}, {"type": "array", "minItems": 1,
                                                                                       "items": {"type": "object"}}]})]
+
+
+class ReasoningOptions(OpenAIRequest):
+    """OpenAI's `reasoning`: `effort` reaches the chat template; no summaries are written."""
+
+    effort: ReasoningEffort | None = None
+    summary: Literal["auto", "concise", "detailed"] | None = None
 
 
 class ResponseRequest(OpenAIRequest):
@@ -58,6 +68,7 @@ class ResponseRequest(OpenAIRequest):
     parallel_tool_calls: bool | None = None
     metadata: dict[str, str] | None = None
     user: str | None = None
+    reasoning: ReasoningOptions | None = None
 
     @field_validator("input")
     @classmethod
@@ -87,7 +98,9 @@ def generation_input(body: ResponseRequest, history: Sequence[llm_pb2.ChatMessag
         sampling=Sampling(max_tokens=body.max_output_tokens, temperature=body.temperature, top_p=body.top_p),
         tools=tools, tool_choice=tool_choice(body.tool_choice, tools, "tool_choice", "flat"),
         parallel_tool_calls=body.parallel_tool_calls,
-        guide=response_guide((body.text or {}).get("format"), "text.format", nested=None), names=NAMES)
+        guide=response_guide((body.text or {}).get("format"), "text.format", nested=None), names=NAMES,
+        template_variables={"reasoning_effort": body.reasoning.effort} if body.reasoning and body.reasoning.effort
+        else {})
 
 
 @dataclass
@@ -132,12 +145,17 @@ def encoded(response: dict[str, Any]) -> bytes:
 
 def _usage(usage: common_pb2.Usage) -> dict[str, Any]:
     return {"input_tokens": usage.prompt_tokens, "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
-            "output_tokens": usage.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens": usage.completion_tokens,
+            "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
             "total_tokens": usage.total_tokens}
 
 
 def _text_part(text: str) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def _reasoning_part(text: str) -> dict[str, Any]:
+    return {"type": "reasoning_text", "text": text}
 
 
 def _item_id(prefix: str) -> str:
@@ -153,17 +171,24 @@ def message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
             "content": [_text_part(text)] if status != "in_progress" else []}
 
 
+def reasoning_item(item_id: str, text: str, status: str) -> dict[str, Any]:
+    return {"id": item_id, "type": "reasoning", "status": status, "summary": [],
+            "content": [_reasoning_part(text)] if status != "in_progress" else []}
+
+
 def call_item(item_id: str, call: dict[str, str], status: str) -> dict[str, Any]:
     """A `function_call` output item: `call_id` is the id chat gives the call."""
     return {"id": item_id, "type": "function_call", "status": status, "call_id": call["id"], "name": call["name"],
             "arguments": call["arguments"]}
 
 
-def output_items(text: str, calls: list[dict[str, str]], status: str) -> list[dict[str, Any]]:
-    """A whole answer's output: the message (left out when the answer is only calls, as OpenAI's), then the
-    calls."""
-    message = [message_item(_item_id("msg"), text, status)] if text or not calls else []
-    return [*message, *(call_item(_item_id("fc"), call, status) for call in calls)]
+def output_items(choice: Collected, status: str) -> list[dict[str, Any]]:
+    """A whole answer's output: the thinking, the message (left out when the answer is only calls or
+    thinking, as OpenAI's), then the calls."""
+    thinking = [reasoning_item(_item_id("rs"), choice.reasoning, status)] if choice.reasoning else []
+    message = [message_item(_item_id("msg"), choice.text, status)] if choice.text or not (
+        choice.tool_calls or thinking) else []
+    return [*thinking, *message, *(call_item(_item_id("fc"), call, status) for call in choice.tool_calls)]
 
 
 def assistant_message(output: list[dict[str, Any]]) -> Message:
@@ -198,7 +223,8 @@ class ResponseRecorder:
                 "error": None, "incomplete_details": incomplete, "instructions": body.instructions,
                 "max_output_tokens": body.max_output_tokens, "model": head["model"], "output": output,
                 "parallel_tool_calls": body.parallel_tool_calls is not False,
-                "previous_response_id": body.previous_response_id, "reasoning": None, "store": body.store is not False,
+                "previous_response_id": body.previous_response_id,
+                "reasoning": body.reasoning.model_dump() if body.reasoning else None, "store": body.store is not False,
                 "temperature": body.temperature, "top_p": body.top_p,
                 "text": {"format": (body.text or {}).get("format") or {"type": "text"}},
                 "tool_choice": body.tool_choice or "auto", "tools": [_echoed_tool(tool) for tool in body.tools or []],
@@ -226,7 +252,7 @@ class ResponseRecorder:
     def response(self, head: dict[str, Any], choices: list[Collected], usage: common_pb2.Usage) -> dict[str, Any]:
         """The whole Response (the collecting side of the generation path)."""
         choice = choices[0]
-        output = output_items(choice.text, choice.tool_calls, _status(choice.finish_reason))
+        output = output_items(choice, _status(choice.finish_reason))
         return self.finished(head, output, choice.finish_reason, usage)
 
     def events(self, head: dict[str, Any]) -> ResponseEvents:
@@ -239,7 +265,8 @@ def _event(payload: dict[str, Any]) -> bytes:
 
 class ResponseEvents:
     """The Responses stream: created and in_progress; then each output item in turn, opened (added), its
-    text deltas (a message's) or arguments deltas (a function call's), closed (done); then completed (or
+    text deltas (a message's or a reasoning item's) or arguments deltas (a function call's), closed (done);
+    then completed (or
     incomplete) with the usage. A message item opens with the first text, a function_call item with the
     first piece of a call; an answer with neither is one empty message."""
 
@@ -267,9 +294,10 @@ class ResponseEvents:
         self.current = item
         self.items.append(item)
         yield self._emit("response.output_item.added", output_index=len(self.items) - 1, item=item)
-        if item["type"] == "message":
+        if item["type"] in ("message", "reasoning"):
             self.parts = []
-            yield self._emit("response.content_part.added", **self._at(), content_index=0, part=_text_part(""))
+            part = _text_part("") if item["type"] == "message" else _reasoning_part("")
+            yield self._emit("response.content_part.added", **self._at(), content_index=0, part=part)
 
     def _close(self, status: str) -> Iterable[bytes]:
         item = self.current
@@ -280,6 +308,11 @@ class ResponseEvents:
             yield self._emit("response.output_text.done", **self._at(), content_index=0, text=text, logprobs=[])
             yield self._emit("response.content_part.done", **self._at(), content_index=0, part=_text_part(text))
             done = message_item(item["id"], text, status)
+        elif item["type"] == "reasoning":
+            text = "".join(self.parts)
+            yield self._emit("response.reasoning_text.done", **self._at(), content_index=0, text=text)
+            yield self._emit("response.content_part.done", **self._at(), content_index=0, part=_reasoning_part(text))
+            done = reasoning_item(item["id"], text, status)
         else:
             yield self._emit("response.function_call_arguments.done", **self._at(), name=item["name"],
                              arguments=item["arguments"])
@@ -294,6 +327,12 @@ class ResponseEvents:
         yield self._emit("response.in_progress", response=opening)
 
     def delta(self, delta: llm_pb2.Delta) -> Iterable[bytes]:
+        if delta.reasoning:
+            if self.current is None or self.current["type"] != "reasoning":
+                yield from self._close("completed")
+                yield from self._open(reasoning_item(_item_id("rs"), "", "in_progress"))
+            self.parts.append(delta.reasoning)
+            yield self._emit("response.reasoning_text.delta", **self._at(), content_index=0, delta=delta.reasoning)
         if delta.text:
             if self.current is None or self.current["type"] != "message":
                 yield from self._close("completed")
@@ -342,6 +381,24 @@ class OutputMessage(ResponseModel):
     content: list[OutputText]
 
 
+class ReasoningText(ResponseModel):
+    type: Literal["reasoning_text"]
+    text: str
+
+
+class ReasoningItem(ResponseModel):
+    id: str
+    type: Literal["reasoning"]
+    status: Literal["in_progress", "completed", "incomplete"]
+    summary: list[Any]  # always empty: no summaries are written
+    content: list[ReasoningText]
+
+
+class ReasoningConfig(ResponseModel):
+    effort: ReasoningEffort | None
+    summary: Literal["auto", "concise", "detailed"] | None
+
+
 class FunctionCallItem(ResponseModel):
     id: str
     type: Literal["function_call"]
@@ -370,10 +427,10 @@ class Response(ResponseModel):
     instructions: str | None
     max_output_tokens: int | None
     model: str
-    output: list[OutputMessage | FunctionCallItem]
+    output: list[ReasoningItem | OutputMessage | FunctionCallItem]
     parallel_tool_calls: bool
     previous_response_id: str | None
-    reasoning: None
+    reasoning: ReasoningConfig | None
     store: bool
     temperature: float | None
     top_p: float | None
@@ -398,7 +455,7 @@ class ResponseLifecycleEvent(_Event):
 class OutputItemEvent(_Event):
     type: Literal["response.output_item.added", "response.output_item.done"]
     output_index: int
-    item: OutputMessage | FunctionCallItem
+    item: ReasoningItem | OutputMessage | FunctionCallItem
 
 
 class ContentPartEvent(_Event):
@@ -406,7 +463,23 @@ class ContentPartEvent(_Event):
     item_id: str
     output_index: int
     content_index: int
-    part: OutputText
+    part: OutputText | ReasoningText
+
+
+class ReasoningTextDeltaEvent(_Event):
+    type: Literal["response.reasoning_text.delta"]
+    item_id: str
+    output_index: int
+    content_index: int
+    delta: str
+
+
+class ReasoningTextDoneEvent(_Event):
+    type: Literal["response.reasoning_text.done"]
+    item_id: str
+    output_index: int
+    content_index: int
+    text: str
 
 
 class OutputTextDeltaEvent(_Event):
@@ -444,6 +517,7 @@ class ArgumentsDoneEvent(_Event):
 
 class ResponseStreamEvent(RootModel[Annotated[
         ResponseLifecycleEvent | OutputItemEvent | ContentPartEvent | OutputTextDeltaEvent | OutputTextDoneEvent
-        | ArgumentsDeltaEvent | ArgumentsDoneEvent, Field(discriminator="type")]]):
+        | ArgumentsDeltaEvent | ArgumentsDoneEvent | ReasoningTextDeltaEvent | ReasoningTextDoneEvent,
+        Field(discriminator="type")]]):
     """One event of a stream (`event:` is its `type`): the types of OpenAI's ResponseStreamEvent that
     `ResponseEvents` writes."""

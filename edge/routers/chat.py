@@ -16,5 +16,5 @@ router = api_router()
              responses=ok_or_stream(chat.ChatCompletion, chat.ChatCompletionChunk))
 async def create_chat_completion(body: chat.ChatCompletionRequest, request: Request, llm: LlmDep,
                                  settings: SettingsDep) -> Response:
-    return await generate(request, llm, chat.generation_input(body), chat.shape(body),
+    return await generate(request, llm, chat.generation_input(body), chat.shape(body, settings.reasoning_field),
                           include_usage=body.include_usage, keepalive_s=settings.sse_keepalive_s)

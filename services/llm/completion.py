@@ -264,6 +264,7 @@ def coalesce(deltas: Sequence[llm_pb2.Delta]) -> list[llm_pb2.Delta]:
             merged[delta.index] = delta
             continue
         into.text += delta.text
+        into.reasoning += delta.reasoning
         into.logprobs.extend(delta.logprobs)
         for piece in delta.tool_calls:  # a call's arguments joined, as its text is
             last = into.tool_calls[-1] if into.tool_calls else None

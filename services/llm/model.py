@@ -19,6 +19,7 @@ from services.common.metrics import Stages
 from services.common.server import ServedModel
 from services.common.tokenizer import load_tokenizer
 from services.common.triton import Triton
+from services.llm import reasoning
 from services.llm.backends import Sampling, Step
 from services.llm.beams import BeamSearch
 from services.llm.chat import load_chat_template
@@ -78,6 +79,8 @@ class LanguageModel(ServedModel):
         self.refusal: str | None = None  # why the Triton model cannot be served, while it cannot
         self.tool_family = entry.tool_parser or detect_parser(self.template.source if self.template else "")
         self.adapters = adapters_of(entry)  # by every model id that names one
+        self.reasoning_family: reasoning.ReasoningName | None = None if entry.reasoning_parser == "none" else \
+            entry.reasoning_parser or reasoning.detect_parser(self.template.source if self.template else "")
 
     def on_ready(self, triton_config: dict[str, Any]) -> None:
         """Pick and configure the backend adapter; FAILED_PRECONDITION when none can drive the model."""
@@ -114,6 +117,7 @@ class LanguageModel(ServedModel):
         card.max_model_len = self.policy.context_length
         card.image_input = self.backend.supports("images")
         card.max_beams = max(self.backend.beam_widths, default=0)
+        card.reasoning = self.reasoning_family is not None
         return card
 
     def cards(self) -> list[common_pb2.ModelCard]:
@@ -212,6 +216,10 @@ class LanguageModel(ServedModel):
         await self.ensure_ready()  # the backend and its knobs are known from here on
         base, stops = sampling(request, self.policy)
         base.images = chat_images(request, self)
+        thinks = self.reasoning_family if request.HasField("chat") else None
+        if thinks == "gpt_oss" and not request.HasField("skip_special_tokens") and \
+                self.backend.supports("special_tokens"):
+            base.skip_special_tokens = False  # the harmony markup the parser reads is special tokens
         tools = plan(request.chat, self.tool_family, self.policy) if request.HasField("chat") else ToolPlan()
         # A turn that forces a call is held to the call's grammar; the output format (`response_format`) is
         # for the answer after the tool's result, as OpenAI treats the pair (the Agents SDK sends both).
@@ -222,6 +230,7 @@ class LanguageModel(ServedModel):
         seeds = choice_seeds(request, n)
         request_id = REQUEST_ID.get()  # bound from the RPC's metadata (services/common/metrics.py)
         completions, streams = [], []
+        thoughts: list[list[str]] = []  # each completion's reasoning, counted in the usage
         for p, ids in enumerate(prompts.ids):
             text = self.prompt_text(prompts, p)
             # Beam search: one backend request for the prompt, its best n beams the choices (services/llm/beams.py).
@@ -234,8 +243,11 @@ class LanguageModel(ServedModel):
                 completions.append(completion)
                 choice = for_choice(base, limits[p], seeds[j], request_id, index)
                 parser = tools.parser() if tools.parser and (tools.guide or not request.HasField("guide")) else None
+                reasoner = reasoning.make_parser(thinks, prompts.texts[p] or "") if thinks else None
+                thoughts.append([])
                 source = search.choice(j) if search else None
-                streams.append(self._run(completion, ids, text, choice, timeout, parser, guide_param, source))
+                streams.append(self._run(completion, ids, text, choice, timeout, parser, guide_param, source,
+                                         reasoner, thoughts[-1]))
         log.debug("%d prompt tokens, %d choices", prompts.tokens, len(completions))
         yield llm_pb2.GenerateResponse(accepted=llm_pb2.Accepted(prompt_tokens=prompts.tokens,
                                                                  choices=len(completions)), timings=stages.proto())
@@ -244,13 +256,18 @@ class LanguageModel(ServedModel):
             for delta in coalesce(batch):
                 yield llm_pb2.GenerateResponse(delta=delta)
         stages.inference = time.perf_counter() - start
-        yield llm_pb2.GenerateResponse(usage=usage(prompts, completions, n), timings=stages.proto())
+        counted = usage(prompts, completions, n)
+        counted.reasoning_tokens = sum(min(len(self.tokenize("".join(parts), special=False)), c.consumed)
+                                       for parts, c in zip(thoughts, completions, strict=True) if parts)
+        yield llm_pb2.GenerateResponse(usage=counted, timings=stages.proto())
 
     async def _run(self, completion: Completion, prompt: Sequence[int], text: str, sampling: Sampling,
                    timeout: float | None, parser: ToolCallParser | None = None, guide_param: str = "",
-                   source: AsyncGenerator[Step, None] | None = None) -> AsyncGenerator[llm_pb2.Delta, None]:
-        """One choice's deltas; with a parser, tool calls are taken out of the text. Its steps come from its
-        own backend stream, or from `source` (a beam of a shared beam search)."""
+                   source: AsyncGenerator[Step, None] | None = None, reasoner: reasoning.ReasoningParser | None = None,
+                   thoughts: list[str] | None = None) -> AsyncGenerator[llm_pb2.Delta, None]:
+        """One choice's deltas. Its steps come from its own backend stream, or from `source` (a beam of a
+        shared beam search). With a reasoning parser, the thinking is taken out of the text (into `reasoning`,
+        and `thoughts`), then with a tool-call parser, the calls out of what is left."""
         first = completion.start()
         if first is not None:
             yield first
@@ -260,7 +277,7 @@ class LanguageModel(ServedModel):
                 try:
                     async for step in steps:
                         delta = completion.add(step)
-                        if delta is not None and (parser is None or _parse(parser, delta)):
+                        if delta is not None and _parse(reasoner, parser, delta, thoughts):
                             yield delta
                         if completion.stopped:
                             break  # closing the stream cancels the Triton request
@@ -274,10 +291,9 @@ class LanguageModel(ServedModel):
                                                guide_param) from None
                     raise
         last = completion.finish()
-        if parser is not None:
-            _parse(parser, last, final=True)
-            if parser.calls and last.finish_reason == "stop":
-                last.finish_reason = "tool_calls"
+        _parse(reasoner, parser, last, thoughts, final=True)
+        if parser is not None and parser.calls and last.finish_reason == "stop":
+            last.finish_reason = "tool_calls"
         yield last
 
 
@@ -291,15 +307,26 @@ def chat_images(request: llm_pb2.GenerateRequest, model: LanguageModel) -> list[
     return found
 
 
-def _parse(parser: ToolCallParser, delta: llm_pb2.Delta, final: bool = False) -> bool:
-    """Move the tool calls in `delta`'s text into its `tool_calls`; whether anything is left to send."""
-    content, calls = parser.feed(delta.text)
-    if final:
-        rest, more = parser.finish()
-        content, calls = content + rest, calls + more
-    delta.text = content
-    delta.tool_calls.extend(calls)
-    return bool(delta.text or delta.tool_calls or delta.logprobs or delta.finish_reason)
+def _parse(reasoner: reasoning.ReasoningParser | None, parser: ToolCallParser | None, delta: llm_pb2.Delta,
+           thoughts: list[str] | None = None, final: bool = False) -> bool:
+    """Move the thinking in `delta`'s text into its `reasoning` (and `thoughts`), then the tool calls in
+    what is left into its `tool_calls`; whether anything is left to send."""
+    if reasoner is not None:
+        thought, delta.text = reasoner.feed(delta.text)
+        if final:
+            more, rest = reasoner.finish()
+            thought, delta.text = thought + more, delta.text + rest
+        delta.reasoning = thought
+        if thoughts is not None and thought:
+            thoughts.append(thought)
+    if parser is not None:
+        content, calls = parser.feed(delta.text)
+        if final:
+            rest, more_calls = parser.finish()
+            content, calls = content + rest, calls + more_calls
+        delta.text = content
+        delta.tool_calls.extend(calls)
+    return bool(delta.text or delta.reasoning or delta.tool_calls or delta.logprobs or delta.finish_reason)
 
 
 def usage(prompts: PromptSet, completions: list[Completion], n: int) -> common_pb2.Usage:

@@ -94,6 +94,8 @@ def template_messages(chat: llm_pb2.Chat, native: bool, images: bool = False) ->
         if images and m.images:
             content = [*({"type": "image"} for _ in m.images), {"type": "text", "text": m.content}]
         message: dict[str, Any] = {"role": m.role, "content": content, **({"name": m.name} if m.name else {})}
+        if m.reasoning:  # as vLLM gives it to templates that show earlier thinking (Qwen3's)
+            message["reasoning_content"] = m.reasoning
         calls: list[dict[str, Any]] = [
             {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": _arguments(c.arguments)}}
             for c in m.tool_calls]

@@ -13,7 +13,7 @@ import json
 import pkgutil
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, get_args
 
 import numpy as np
 import orjson
@@ -73,6 +73,9 @@ CALLS = [
     llm_pb2.Delta(finish_reason="tool_calls"),
 ]
 TEXT_THEN_CALL = [llm_pb2.Delta(text="Let me look."), *CALLS]
+# A reasoning model: thinking, then the answer (or a call); and one cut by max_tokens while thinking.
+THINKING = [llm_pb2.Delta(reasoning="The user "), llm_pb2.Delta(reasoning="greets me.")]
+REASONED = common_pb2.Usage(prompt_tokens=5, completion_tokens=7, total_tokens=12, reasoning_tokens=4)
 
 
 @dataclass
@@ -94,6 +97,9 @@ GENERATIONS = [
 WITH_LOGPROBS = [Generation("logprobs", 1, text_deltas(0, "stop", logprobs=True)),
                  Generation("logprobs n=2", 2, [*text_deltas(0, "stop", True), *text_deltas(1, "length", True)])]
 WITH_CALLS = [Generation("calls", 1, CALLS), Generation("text then calls", 1, TEXT_THEN_CALL)]
+WITH_REASONING = [Generation("thinking then text", 1, [*THINKING, *text_deltas(0, "stop", logprobs=False)]),
+                  Generation("thinking then calls", 1, [*THINKING, *CALLS]),
+                  Generation("thinking cut", 1, [*THINKING, llm_pb2.Delta(finish_reason="length")])]
 
 
 def collected(generation: Generation) -> list[Collected]:
@@ -103,15 +109,15 @@ def collected(generation: Generation) -> list[Collected]:
     return choices
 
 
-def framed(framing: Framing, generation: Generation) -> Iterator[bytes]:
+def framed(framing: Framing, generation: Generation, usage: common_pb2.Usage = USAGE) -> Iterator[bytes]:
     """What the generation path writes for `generation` (a delta with content, then each finish)."""
     yield from framing.start(llm_pb2.Accepted(prompt_tokens=USAGE.prompt_tokens, choices=generation.choices))
     for delta in generation.deltas:
-        if delta.text or delta.logprobs or delta.tool_calls or delta.reasoning:
+        if delta.text or delta.reasoning or delta.logprobs or delta.tool_calls:
             yield from framing.delta(delta)
         if delta.finish_reason:
             yield from framing.end(delta.index, delta.finish_reason, delta.stop_string)
-    yield from framing.finish(USAGE)
+    yield from framing.finish(usage)
 
 
 def sse_payloads(events: Iterable[bytes]) -> list[tuple[str | None, Any]]:
@@ -122,11 +128,11 @@ def sse_payloads(events: Iterable[bytes]) -> list[tuple[str | None, Any]]:
 
 
 def chunk_cases(name: str, shape: Shape, generation: Generation, model: type[ResponseModel],
-                openai: str | Callable[[Any], None]) -> Iterator[Case]:
+                openai: str | Callable[[Any], None], usage: common_pb2.Usage = USAGE) -> Iterator[Case]:
     """The stream chunks `shape` gives `generation`, without and with the usage chunk."""
     for include_usage in (False, True):
         framing = ChunkFraming(shape, {**HEAD, "object": shape.object}, include_usage)
-        for i, (event, payload) in enumerate(sse_payloads(framed(framing, generation))):
+        for i, (event, payload) in enumerate(sse_payloads(framed(framing, generation, usage))):
             assert event is None
             yield Case(f"{name}{' include_usage' if include_usage else ''}: chunk {i}", model, payload, openai)
 
@@ -140,6 +146,14 @@ def chat_cases() -> Iterator[Case]:
         yield Case(f"{name}: response", chat.ChatCompletion, shape.response(HEAD, collected(generation), USAGE),
                    "CreateChatCompletionResponse")
         yield from chunk_cases(name, shape, generation, chat.ChatCompletionChunk, "CreateChatCompletionStreamResponse")
+    for generation in WITH_REASONING:
+        for field in get_args(chat.ReasoningField):
+            shape = chat.ChatShape(False, reasoning_field=field)
+            name = f"chat {generation.name} as {field}"
+            yield Case(f"{name}: response", chat.ChatCompletion,
+                       shape.response(HEAD, collected(generation), REASONED), "CreateChatCompletionResponse")
+            yield from chunk_cases(name, shape, generation, chat.ChatCompletionChunk,
+                                   "CreateChatCompletionStreamResponse", REASONED)
 
 
 def completion_cases() -> Iterator[Case]:
@@ -157,21 +171,23 @@ RESPONSE_REQUESTS = {
                    "max_output_tokens": 50, "temperature": 0.5, "top_p": 0.9, "store": False, "user": "u",
                    "metadata": {"k": "v"}, "parallel_tool_calls": False, "tool_choice": "auto",
                    "text": {"format": {"type": "json_object"}},
-                   "tools": [{"type": "function", "name": "weather", "parameters": {"type": "object"}}]},
+                   "tools": [{"type": "function", "name": "weather", "parameters": {"type": "object"}}],
+                   "reasoning": {"effort": "low", "summary": "auto"}},
 }
 
 
 def responses_cases() -> Iterator[Case]:
     store = MemoryStore().space("responses", Limits(10, 60))
     for request_name, request in RESPONSE_REQUESTS.items():
-        for generation in [*GENERATIONS[:2], GENERATIONS[3], *WITH_CALLS]:
+        for generation in [*GENERATIONS[:2], GENERATIONS[3], *WITH_CALLS, *WITH_REASONING]:
             name = f"response {request_name} {generation.name}"
             body = responses.ResponseRequest.model_validate(request)
             recorder = responses.ResponseRecorder(body, [], store)
             head = {**HEAD, "object": recorder.object}
-            yield Case(f"{name}: response", responses.Response, recorder.response(head, collected(generation), USAGE),
+            usage = REASONED if generation in WITH_REASONING else USAGE
+            yield Case(f"{name}: response", responses.Response, recorder.response(head, collected(generation), usage),
                        "Response")
-            for i, (event, payload) in enumerate(sse_payloads(framed(recorder.events(head), generation))):
+            for i, (event, payload) in enumerate(sse_payloads(framed(recorder.events(head), generation, usage))):
                 assert event == payload["type"]
                 yield Case(f"{name}: event {i} {event}", responses.ResponseStreamEvent, payload, "ResponseStreamEvent")
 
