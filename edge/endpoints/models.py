@@ -1,6 +1,6 @@
 """GET /v1/models and /v1/models/{id}: OpenAI's Model object plus the `root`, `parent`, `permission`
-and `max_model_len` that Denglin's openai_api (and vLLM) add, and tritongate's `image_input` and `max_beams`; a
-LoRA adapter is a model of its own whose `parent` is its base model, as vLLM lists them."""
+and `max_model_len` that Denglin's openai_api (and vLLM) add, and tritongate's `image_input`, `max_beams` and
+`reasoning`; a LoRA adapter is a model of its own whose `parent` is its base model, as vLLM lists them."""
 
 from __future__ import annotations
 
@@ -35,6 +35,7 @@ class Model(ResponseModel):
     max_model_len: int | None
     image_input: bool  # whether the model takes images in chat messages (image_url / input_image parts)
     max_beams: int | None  # LLMs: most beams of beam search (`num_beams`), 0 for none
+    reasoning: bool | None  # LLMs: whether its thinking is parsed out (`reasoning_content`)
     permission: list[ModelPermission]
 
 
@@ -55,6 +56,7 @@ def model_object(card: common_pb2.ModelCard) -> dict[str, Any]:
         "max_model_len": card.max_model_len or None,
         "image_input": card.image_input,
         "max_beams": card.max_beams if generates else None,
+        "reasoning": card.reasoning if generates else None,
         "permission": [{
             "id": f"modelperm-{card.id}",
             "object": "model_permission",

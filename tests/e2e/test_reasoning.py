@@ -169,3 +169,33 @@ def test_a_response_cut_while_thinking_is_incomplete_with_only_reasoning(client:
     response = client.responses.create(model=THINK, input=OUTPUTS[THINK], max_output_tokens=5)
     assert response.status == "incomplete" and [item.type for item in response.output] == ["reasoning"]
     assert response.output_text == ""
+
+
+def test_models_say_which_models_reason(client: openai.OpenAI) -> None:
+    listed = {model.id: model.model_extra or {} for model in client.models.list()}
+    assert listed[THINK]["reasoning"] is True and listed[R1]["reasoning"] is True
+    assert listed["ft-echo"]["reasoning"] is False and listed["all-minilm-l6-v2"]["reasoning"] is None
+
+
+def test_anthropic_thinking_blocks(stack: Any) -> None:
+    """Anthropic's Messages API: the thinking is a `thinking` block before the text (streamed as
+    `thinking_delta`s), and `thinking: {type: disabled}` reaches the template as `enable_thinking: false`."""
+    import anthropic
+
+    claude = anthropic.Anthropic(base_url=stack.edge_url, api_key="unused", max_retries=0, timeout=300)
+    thinking: Any = {"type": "enabled", "budget_tokens": 1024}
+    message = claude.messages.create(model=THINK, max_tokens=2048, thinking=thinking,
+                                     messages=user(OUTPUTS[THINK]))
+    assert [block.type for block in message.content] == ["thinking", "text"]
+    assert message.content[0].thinking == THOUGHT and message.content[1].text == ANSWER  # type: ignore[union-attr]
+    with claude.messages.stream(model=THINK, max_tokens=2048, thinking=thinking,
+                                messages=user(OUTPUTS[THINK])) as stream:
+        kinds = [(event.type, getattr(event, "delta", None) and event.delta.type) for event in stream]
+        final = stream.get_final_message()
+    assert ("content_block_delta", "thinking_delta") in kinds and ("content_block_delta", "text_delta") in kinds
+    assert [block.type for block in final.content] == ["thinking", "text"]
+    assert final.content[0].thinking == THOUGHT  # type: ignore[union-attr]
+    plain = claude.messages.create(model=THINK, max_tokens=64, thinking={"type": "disabled"},
+                                   messages=user("<think>Plan.</think>Done."))
+    assert [(block.type, getattr(block, "text", None)) for block in plain.content] == [
+        ("text", "<think>Plan.</think>Done.")]  # the template closed the thinking: nothing was parsed out
