@@ -1,4 +1,5 @@
-"""Every error the edge returns has OpenAI's shape: {"error": {"message", "type", "param", "code"}}.
+"""Every error the edge returns has OpenAI's shape: {"error": {"message", "type", "param", "code"}}, except
+on the routes of another API whose clients read that API's shape (`error_response`).
 
 The one table below maps service gRPC codes to HTTP; the handlers turn validation failures, a broken
 request rule (`ParamError`, raised by the endpoint modules), HTTP errors and anything unexpected into the
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, cast
 
 import grpc
@@ -162,16 +163,43 @@ def as_openai_error(exc: Exception) -> OpenAIError:
     return OpenAIError(500, "The server had an error while processing your request.")
 
 
+# Hugging Face TEI's error body, {"error": message, "error_type": kind}: its kind of each status.
+_TEI_TYPES = {413: "Validation", 422: "Tokenizer", 429: "Overloaded", 503: "Unhealthy"}
+
+
+def tei_body(error: OpenAIError) -> dict[str, Any]:
+    kind = "Empty" if error.code == "empty" else _TEI_TYPES.get(error.status) or (
+        "Backend" if error.status >= 500 else "Validation")
+    return {"error": error.message, "error_type": kind}
+
+
+ErrorBody = Callable[[OpenAIError], dict[str, Any]]
+# The routes whose clients read another API's error body; a path shared by two APIs (/rerank, /tokenize)
+# picks its body per request (`use_error_body`).
+ERROR_BODIES: dict[str, ErrorBody] = {"/info": tei_body, "/embed": tei_body}
+
+
+def use_error_body(request: Request, body: ErrorBody) -> None:
+    request.state.error_body = body
+
+
+def error_response(request: Request, exc: Exception) -> JSONResponse:
+    """The response for `exc` on `request`'s route (see `as_openai_error`), in its API's error shape."""
+    error = as_openai_error(exc)
+    body = getattr(request.state, "error_body", None) or ERROR_BODIES.get(request.url.path, OpenAIError.body)
+    return JSONResponse(body(error), status_code=error.status, headers=error.headers)
+
+
 def install_error_handlers(app: FastAPI) -> None:
-    async def handle(_: Request, exc: Exception) -> JSONResponse:
-        return as_openai_error(exc).response()
+    async def handle(request: Request, exc: Exception) -> JSONResponse:
+        return error_response(request, exc)
 
     for kind in (OpenAIError, ParamError, RequestValidationError, StarletteHTTPException, StoreUnavailable):
         app.add_exception_handler(kind, handle)
 
     @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
-        response = as_openai_error(exc).response()
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        response = error_response(request, exc)
         # Starlette answers this one outside every middleware, so the request id is added here.
         response.headers[REQUEST_ID_KEY] = REQUEST_ID.get()
         return response
