@@ -10,7 +10,7 @@ from fastapi import Request, Response
 from pydantic import WithJsonSchema
 
 from edge import deps
-from edge.api_router import ok, parse_body
+from edge.api_router import EITHER_ERRORS, ok, parse_body
 from edge.cancel import until_disconnected
 from edge.clients import RerankClient
 from edge.endpoints import rerank
@@ -38,7 +38,7 @@ async def rerank_documents(body: rerank.RerankRequest, request: Request) -> Resp
     return await _rerank(request, deps.clients(request).rerank, body, deps.settings(request).max_rerank_documents)
 
 
-@router.post("/rerank", responses=ok(rerank.RerankResponse | rerank.TEIRerankResponse))
+@router.post("/rerank", responses={**ok(rerank.RerankResponse | rerank.TEIRerankResponse), **EITHER_ERRORS})
 async def rerank_any(body: Annotated[dict[str, Any], WithJsonSchema(rerank.EITHER_SCHEMA)], request: Request
                      ) -> Response:
     """RAGFlow posts Denglin's body here without /v1; TEI clients post `texts`."""

@@ -8,7 +8,7 @@ import orjson
 from fastapi import Request, Response
 
 from edge import deps
-from edge.api_router import api_router, ok
+from edge.api_router import TEI_ERRORS, api_router, ok
 from edge.cancel import until_disconnected
 from edge.clients import ServiceClients
 from edge.endpoints import tei
@@ -23,7 +23,7 @@ async def embedding_model(clients: ServiceClients, settings: Settings) -> str:
     return await clients.directory.default(clients.embed.service, settings.default_embedding_model)
 
 
-@info_router.get("/info", responses=ok(tei.TEIInfo))
+@info_router.get("/info", responses={**ok(tei.TEIInfo), **TEI_ERRORS})
 async def model_info(request: Request) -> Response:
     """The default embedding model's, or, where no embedding model is served, the default rerank model's."""
     clients, settings = deps.clients(request), deps.settings(request)
@@ -38,7 +38,7 @@ async def model_info(request: Request) -> Response:
     return Response(orjson.dumps(tei.info(card, max_batch)), media_type="application/json")
 
 
-@router.post("/embed", responses=ok(tei.TEIEmbedResponse))
+@router.post("/embed", responses={**ok(tei.TEIEmbedResponse), **TEI_ERRORS})
 async def embed(body: tei.TEIEmbedRequest, request: Request) -> Response:
     clients, settings = deps.clients(request), deps.settings(request)
     model = body.model or await embedding_model(clients, settings)

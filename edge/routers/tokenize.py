@@ -10,7 +10,7 @@ import orjson
 from fastapi import Request, Response
 from pydantic import WithJsonSchema
 
-from edge.api_router import api_router, ok, parse_body
+from edge.api_router import EITHER_ERRORS, api_router, ok, parse_body
 from edge.cancel import until_disconnected
 from edge.deps import ClientsDep, SettingsDep
 from edge.endpoints import tei, tokenize
@@ -23,7 +23,7 @@ router = api_router(tags=["tokenize"])
 EITHER_SCHEMA = {"anyOf": [tokenize.TokenizeRequest.model_json_schema(), tei.TEITokenizeRequest.model_json_schema()]}
 
 
-@router.post("/tokenize", responses=ok(tokenize.TokenizeResponse | tei.TEITokenizeResponse))
+@router.post("/tokenize", responses={**ok(tokenize.TokenizeResponse | tei.TEITokenizeResponse), **EITHER_ERRORS})
 async def tokenize_any(body: Annotated[dict[str, Any], WithJsonSchema(EITHER_SCHEMA)], request: Request,
                        clients: ClientsDep, settings: SettingsDep) -> Response:
     if tei.is_tei_tokenize(body):
