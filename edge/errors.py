@@ -140,7 +140,7 @@ def from_validation(exc: RequestValidationError) -> OpenAIError:
         message = message.removeprefix("Value error, ")
     elif param:
         message = f"Invalid value for '{param}': {message}"
-    return bad_request(message, param)
+    return bad_request(message, param, rule.code if isinstance(rule, ParamError) else None)
 
 
 def as_openai_error(exc: Exception) -> OpenAIError:
