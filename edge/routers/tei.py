@@ -27,14 +27,14 @@ async def embedding_model(clients: ServiceClients, settings: Settings) -> str:
 async def model_info(request: Request) -> Response:
     """The default embedding model's, or, where no embedding model is served, the default rerank model's."""
     clients, settings = deps.clients(request), deps.settings(request)
-    if await clients.directory.of_kind(clients.embed.service) or not await clients.directory.of_kind(
-            clients.rerank.service):
-        card = await clients.directory.find(await embedding_model(clients, settings))
-        max_batch = settings.max_embedding_inputs
+    directory = clients.directory
+    reranks_only = not await directory.of_kind(clients.embed.service) and await directory.of_kind(
+        clients.rerank.service)
+    if reranks_only:
+        model = await directory.default(clients.rerank.service, settings.default_rerank_model)
+        card, max_batch = await directory.find(model), settings.max_rerank_documents
     else:
-        card = await clients.directory.find(await clients.directory.default(clients.rerank.service,
-                                                                            settings.default_rerank_model))
-        max_batch = settings.max_rerank_documents
+        card, max_batch = await directory.find(await embedding_model(clients, settings)), settings.max_embedding_inputs
     return Response(orjson.dumps(tei.info(card, max_batch)), media_type="application/json")
 
 
