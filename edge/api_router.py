@@ -11,12 +11,13 @@ JSON body". It is also faster.
 from __future__ import annotations
 
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 from fastapi import APIRouter, Request, Response
+from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 
 class ErrorObject(BaseModel):
@@ -42,6 +43,24 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     "5XX": {"model": ErrorResponse, "description": "A service failed (500), is unavailable (503) or timed out "
                                                    "(504)"},
 }
+
+
+class TEIErrorResponse(BaseModel):
+    """Hugging Face TEI's error body, which its routes answer (edge/errors.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    error: str
+    error_type: Literal["Empty", "Validation", "Tokenizer", "Overloaded", "Unhealthy", "Backend"]
+
+
+def errors_of(model: Any) -> dict[int | str, dict[str, Any]]:
+    """ERROR_RESPONSES with another error body: TEI's routes', or a route's shared by two APIs."""
+    return {status: {**response, "model": model} for status, response in ERROR_RESPONSES.items()}
+
+
+TEI_ERRORS = errors_of(TEIErrorResponse)
+EITHER_ERRORS = errors_of(ErrorResponse | TEIErrorResponse)  # /rerank and /tokenize: by the body's API
 # For the generation endpoints: with `stream: true` the answer is Server-Sent Events. (In OpenAPI 3.1 the
 # schema of an event stream describes one event: `data` is a chunk's JSON, or `[DONE]` last.)
 SSE_EVENT = {"type": "object", "required": ["data"],
@@ -75,6 +94,16 @@ class StrictJSONRoute(APIRoute):
             return await handler(StrictJSONRequest(request.scope, request.receive))
 
         return strict
+
+
+def parse_body(model: type[BaseModel], body: Any) -> Any:
+    """`body` as `model`, failing as FastAPI's own validation of a declared body would (for a route whose
+    body is one of several APIs', told apart by its fields)."""
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)]
+        raise RequestValidationError(errors, body=body) from None
 
 
 def api_router(**kwargs: Any) -> APIRouter:

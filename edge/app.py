@@ -27,6 +27,7 @@ from edge.routers import (
     playground,
     rerank,
     responses,
+    tei,
     tokenize,
 )
 from edge.state import Limits, open_store
@@ -74,11 +75,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         **_NO_NATIVE_TELEMETRY,
     )
     install_error_handlers(app)
-    for module in (models, chat, completions, embeddings, rerank, responses, messages, interactive, tokenize,
+    for module in (models, chat, completions, embeddings, rerank, tei, responses, messages, interactive, tokenize,
                    health, playground):
         app.include_router(module.router)
+    app.include_router(tei.info_router)
     # Innermost, inside the body limit, the keys and the metrics: the hot routes without FastAPI's machinery.
-    app.add_middleware(LeanRoutes, routers=(embeddings.router, rerank.router))
+    app.add_middleware(LeanRoutes, routers=(embeddings.router, rerank.router, tei.router))
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     install_auth(app, settings)  # outside the body limit: a request without a key is refused unread
     install_metrics(app, settings.access_log)

@@ -1,6 +1,7 @@
 """Every error the edge returns has OpenAI's shape: {"error": {"message", "type", "param", "code"}}, except
-on Anthropic's routes (/v1/messages...), where it has Anthropic's: {"type": "error", "error": {"type",
-"message"}} (`OpenAIError.body` decides by the request's path; the status stays the same).
+on the routes of another API whose clients read that API's shape (`body_of`): Anthropic's on /v1/messages...
+({"type": "error", "error": {"type", "message"}}), Hugging Face TEI's on its routes ({"error",
+"error_type"}). The status is the same whatever the shape.
 
 The one table below maps service gRPC codes to HTTP; the handlers turn validation failures, a broken
 request rule (`ParamError`, raised by the endpoint modules), HTTP errors and anything unexpected into the
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, cast
 
 import grpc
@@ -70,11 +71,8 @@ class OpenAIError(Exception):
         self.type = type_ or ("server_error" if status >= 500 else _HTTP_TYPES.get(status, "invalid_request_error"))
 
     def body(self, path: str = "") -> dict[str, Any]:
-        """The error body for a request to `path`: Anthropic's on its routes, else OpenAI's."""
-        if anthropic_route(path):
-            kind = _ANTHROPIC_TYPES.get(self.status, "api_error" if self.status >= 500 else "invalid_request_error")
-            return {"type": "error", "error": {"type": kind, "message": self.message}}
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+        """The error body for a request to `path`, in its API's shape."""
+        return body_of(path)(self)
 
     def response(self, path: str = "") -> JSONResponse:
         return JSONResponse(self.body(path), status_code=self.status, headers=self.headers)
@@ -154,7 +152,7 @@ def from_validation(exc: RequestValidationError) -> OpenAIError:
         message = message.removeprefix("Value error, ")
     elif param:
         message = f"Invalid value for '{param}': {message}"
-    return bad_request(message, param)
+    return bad_request(message, param, rule.code if isinstance(rule, ParamError) else None)
 
 
 def as_openai_error(exc: Exception) -> OpenAIError:
@@ -177,16 +175,59 @@ def as_openai_error(exc: Exception) -> OpenAIError:
     return OpenAIError(500, "The server had an error while processing your request.")
 
 
+def openai_body(error: OpenAIError) -> dict[str, Any]:
+    return {"error": {"message": error.message, "type": error.type, "param": error.param, "code": error.code}}
+
+
+def anthropic_body(error: OpenAIError) -> dict[str, Any]:
+    kind = _ANTHROPIC_TYPES.get(error.status, "api_error" if error.status >= 500 else "invalid_request_error")
+    return {"type": "error", "error": {"type": kind, "message": error.message}}
+
+
+# Hugging Face TEI's error body, {"error": message, "error_type": kind}: its kind of each status.
+_TEI_TYPES = {413: "Validation", 422: "Tokenizer", 429: "Overloaded", 503: "Unhealthy"}
+
+
+def tei_body(error: OpenAIError) -> dict[str, Any]:
+    kind = "Empty" if error.code == "empty" else _TEI_TYPES.get(error.status) or (
+        "Backend" if error.status >= 500 else "Validation")
+    return {"error": error.message, "error_type": kind}
+
+
+ErrorBody = Callable[[OpenAIError], dict[str, Any]]
+# The routes whose clients read another API's error body (and Anthropic's, every path under its own); a
+# path shared by two APIs (/rerank, /tokenize) picks its body per request (`use_error_body`).
+ERROR_BODIES: dict[str, ErrorBody] = {"/info": tei_body, "/embed": tei_body}
+
+
+def body_of(path: str) -> ErrorBody:
+    """The error body of the API a request to `path` speaks."""
+    if anthropic_route(path):
+        return anthropic_body
+    return ERROR_BODIES.get(path, openai_body)
+
+
+def use_error_body(request: Request, body: ErrorBody) -> None:
+    request.state.error_body = body
+
+
+def error_response(request: Request, exc: Exception) -> JSONResponse:
+    """The response for `exc` on `request`'s route (see `as_openai_error`), in its API's error shape."""
+    error = as_openai_error(exc)
+    body = getattr(request.state, "error_body", None) or body_of(request.scope["path"])
+    return JSONResponse(body(error), status_code=error.status, headers=error.headers)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     async def handle(request: Request, exc: Exception) -> JSONResponse:
-        return as_openai_error(exc).response(request.scope["path"])
+        return error_response(request, exc)
 
     for kind in (OpenAIError, ParamError, RequestValidationError, StarletteHTTPException, StoreUnavailable):
         app.add_exception_handler(kind, handle)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        response = as_openai_error(exc).response(request.scope["path"])
+        response = error_response(request, exc)
         # Starlette answers this one outside every middleware, so the request id is added here.
         response.headers[REQUEST_ID_KEY] = REQUEST_ID.get()
         return response

@@ -25,7 +25,7 @@ from pydantic import TypeAdapter, ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from edge.api_router import ERROR_RESPONSES, StrictJSONRoute
-from edge.errors import as_openai_error
+from edge.errors import error_response
 
 Endpoint = Callable[[Any, Request], Coroutine[Any, Any, Response]]
 _JSON_TYPES = (b"application/json", b"application/json; charset=utf-8")
@@ -82,7 +82,7 @@ class LeanRoutes:
         try:
             response = await route.lean_endpoint(value, request)
         except Exception as exc:  # mapped as the app's exception handlers map it
-            response = as_openai_error(exc).response()
+            response = error_response(request, exc)
         await response(scope, receive, send)
 
 

@@ -15,7 +15,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import (
     AfterValidator,
@@ -313,6 +313,20 @@ class EmbeddingModel(EncoderEntry):
     )
     normalize: bool = True
     output_name: str | None = Field(None, description="Triton output tensor; default: the model's first")
+    # Retrieval prompts (NIM's `input_type`, TEI's `prompt_name`).
+    prompts: dict[str, str] = Field(
+        default_factory=dict,
+        description="Text put before an input, by name, as sentence-transformers' `prompts`: `query` and "
+        "`passage` serve NIM's `input_type` (e.g. E5: `query: ` and `passage: `), any name TEI's `prompt_name`",
+    )
+    default_prompt_name: str | None = Field(None, description="The prompt of a request that names none")
+
+    @model_validator(mode="after")
+    def _default_prompt(self) -> Self:
+        if self.default_prompt_name is not None and self.default_prompt_name not in self.prompts:
+            raise ValueError(f"model `{self.name}`: `default_prompt_name` {self.default_prompt_name!r} is not one "
+                             "of its `prompts`")
+        return self
 
 
 class RerankOutput(_Section):

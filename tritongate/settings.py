@@ -72,6 +72,10 @@ class Settings(BaseSettings):
     # The LLM of a request that names none (LMDeploy's interactive chat, `tritongate chat`); unset: the first
     # LLM the llm service lists (the model configuration's order). /v1/models lists it first of the LLMs.
     default_llm: str | None = None
+    # The embedding and rerank models of the requests that name none (TEI's /info, /embed, /tokenize and
+    # /rerank, which serve one model each; /v1/embeddings without `model`); unset: the first the service lists.
+    default_embedding_model: str | None = None
+    default_rerank_model: str | None = None
     request_timeout_s: float = Field(600.0, description="Deadline for one generation request")
     unary_timeout_s: float = Field(60.0, description="Deadline for one embed or rerank request")
     list_models_timeout_s: float = 2.0

@@ -1,5 +1,6 @@
-"""POST /v1/embeddings: the request in the order of OpenAI's CreateEmbeddingRequest, its EmbedRequest
-(and the per-request input limit), and the response, written straight from the float32 buffer."""
+"""POST /v1/embeddings: the request in the order of OpenAI's CreateEmbeddingRequest (with NVIDIA NIM's
+`input_type` and `truncate`), its EmbedRequest (and the per-request input limit), and the response, written
+straight from the float32 buffer."""
 
 from __future__ import annotations
 
@@ -21,13 +22,22 @@ from edge.endpoints.common import (
 from tritongate.common.v1 import common_pb2
 from tritongate.embed.v1 import embed_pb2
 
+# NIM's `input_type` and `truncate`, as the EmbedRequest says them.
+INPUT_TYPES = {"query": embed_pb2.INPUT_TYPE_QUERY, "passage": embed_pb2.INPUT_TYPE_PASSAGE}
+TRUNCATIONS = {"NONE": embed_pb2.TRUNCATION_NONE, "END": embed_pb2.TRUNCATION_END,
+               "START": embed_pb2.TRUNCATION_START}
+
 
 class EmbeddingRequest(OpenAIRequest):
     input: Annotated[Any, WithJsonSchema(batch_schema(empty_strings=False))]
-    model: str
+    model: str | None = None  # TEI's clients (Dify's) name none: TRITONGATE_DEFAULT_EMBEDDING_MODEL's
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: Annotated[int, Field(ge=1, le=UINT32_MAX)] | None = None  # the embed service checks the width
     user: str | None = None
+    # NVIDIA NIM's: the model's `query` or `passage` prompt goes before each text; over-long inputs are
+    # refused (NONE) or cut, keeping the start (END) or the end (START). Unset: the model's configuration.
+    input_type: Literal["query", "passage"] | None = None
+    truncate: Literal["NONE", "START", "END"] | None = None
 
     @field_validator("input")
     @classmethod
@@ -35,16 +45,27 @@ class EmbeddingRequest(OpenAIRequest):
         return text_or_token_batch(value, "input", empty_strings=False)
 
 
-def to_proto(body: EmbeddingRequest, max_inputs: int) -> embed_pb2.EmbedRequest:
-    """The EmbedRequest; more than `max_inputs` inputs (the edge's TRITONGATE_MAX_EMBEDDING_INPUTS) are refused."""
-    if len(body.input) > max_inputs:
-        raise ParamError(f"'input' has {len(body.input)} items; at most {max_inputs} are allowed per request.",
-                         "input")
-    request = embed_pb2.EmbedRequest(model=body.model, dimensions=body.dimensions or 0)
-    if isinstance(body.input[0], str):
-        request.texts.texts.extend(body.input)
+def to_proto(body: EmbeddingRequest, model: str, max_inputs: int) -> embed_pb2.EmbedRequest:
+    """The EmbedRequest for `model`; more than `max_inputs` inputs (the edge's TRITONGATE_MAX_EMBEDDING_INPUTS)
+    are refused."""
+    request = batch_proto(body.input, "input", model, max_inputs)
+    request.dimensions = body.dimensions or 0
+    request.input_type = INPUT_TYPES.get(body.input_type or "", embed_pb2.INPUT_TYPE_UNSPECIFIED)
+    request.truncation = TRUNCATIONS.get(body.truncate or "", embed_pb2.TRUNCATION_DEFAULT)
+    return request
+
+
+def batch_proto(inputs: list[str] | list[list[int]], param: str, model: str, max_inputs: int
+                ) -> embed_pb2.EmbedRequest:
+    """An EmbedRequest of `inputs` (texts or token ids); more than `max_inputs` are refused."""
+    if len(inputs) > max_inputs:
+        raise ParamError(f"'{param}' has {len(inputs)} items; at most {max_inputs} are allowed per request.",
+                         param)
+    request = embed_pb2.EmbedRequest(model=model)
+    if isinstance(inputs[0], str):
+        request.texts.texts.extend(inputs)
     else:
-        request.tokens.inputs.extend(common_pb2.TokenIds(ids=ids) for ids in body.input)
+        request.tokens.inputs.extend(common_pb2.TokenIds(ids=ids) for ids in inputs)
     return request
 
 

@@ -1,5 +1,6 @@
 """Rerank requests and answers: Denglin openai_api's /v1/rerank (whose answer Cohere's and Jina's
-clients read too, from `results`) and Hugging Face TEI's /rerank; a /rerank body with `texts` is TEI's."""
+clients read too, from `results`), Hugging Face TEI's /rerank (a /rerank body with `texts` is TEI's) and
+NVIDIA NIM's /v1/ranking."""
 
 from __future__ import annotations
 
@@ -56,8 +57,8 @@ class RerankRequest(OpenAIRequest):
 
 
 class TEIRerankRequest(OpenAIRequest):
-    """Hugging Face text-embeddings-inference's /rerank. TEI names no model; with several rerank models
-    served, `model` picks one."""
+    """Hugging Face text-embeddings-inference's /rerank. TEI names no model: the default rerank model
+    (TRITONGATE_DEFAULT_RERANK_MODEL) serves it unless `model` picks one."""
 
     model: str | None = None
     query: Annotated[str, Field(min_length=1)]
@@ -75,9 +76,9 @@ def is_tei(body: dict[str, Any]) -> bool:
     return "texts" in body and "documents" not in body
 
 
-def _checked(documents: int, max_documents: int) -> None:
+def _checked(documents: int, max_documents: int, param: str = "documents") -> None:
     if documents > max_documents:
-        raise ParamError(f"'documents' has {documents} items; at most {max_documents} are allowed.", "documents")
+        raise ParamError(f"'{param}' has {documents} items; at most {max_documents} are allowed.", param)
 
 
 def to_proto(body: RerankRequest, max_documents: int) -> rerank_pb2.RerankRequest:
@@ -91,6 +92,50 @@ def tei_to_proto(body: TEIRerankRequest, model: str, max_documents: int) -> rera
     _checked(len(body.texts), max_documents)
     return rerank_pb2.RerankRequest(model=model, query=body.query, documents=body.texts,
                                     raw_scores=body.raw_scores, truncate=body.truncate)
+
+
+class NIMText(OpenAIRequest):
+    text: str
+
+
+class RankingRequest(OpenAIRequest):
+    """NVIDIA NIM's /v1/ranking (LangChain's NVIDIARerank). `truncate` NONE refuses a passage that does not
+    fit beside the query, END cuts it; unset: the model's configuration."""
+
+    model: str
+    query: NIMText
+    passages: Annotated[list[NIMText], Field(min_length=1)]
+    truncate: Literal["NONE", "END"] | None = None
+
+
+def ranking_proto(body: RankingRequest, max_documents: int) -> rerank_pb2.RerankRequest:
+    """The model's raw scores: NIM answers logits."""
+    _checked(len(body.passages), max_documents, "passages")
+    request = rerank_pb2.RerankRequest(model=body.model, query=body.query.text,
+                                       documents=[p.text for p in body.passages], raw_scores=True)
+    if body.truncate is not None:
+        request.truncate = body.truncate == "END"
+    return request
+
+
+class Ranking(ResponseModel):
+    index: int
+    logit: float
+
+
+class RankingUsage(ResponseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class RankingResponse(ResponseModel):
+    rankings: list[Ranking]  # best first
+    usage: RankingUsage
+
+
+def ranking_response(answer: rerank_pb2.RerankResponse) -> dict[str, Any]:
+    return {"rankings": [{"index": r.index, "logit": r.score} for r in answer.results],
+            "usage": {"prompt_tokens": answer.usage.prompt_tokens, "total_tokens": answer.usage.total_tokens}}
 
 
 class RerankDocument(ResponseModel):

@@ -16,6 +16,8 @@ router = lean_router()
 
 @router.post("/v1/embeddings", tags=["embeddings"], responses=ok(embeddings.CreateEmbeddingResponse))
 async def create_embeddings(body: embeddings.EmbeddingRequest, request: Request) -> Response:
-    proto = embeddings.to_proto(body, deps.settings(request).max_embedding_inputs)
-    response = await until_disconnected(request, deps.clients(request).embed.embed(proto))
+    client, settings = deps.clients(request).embed, deps.settings(request)
+    model = body.model or await client.directory.default(client.service, settings.default_embedding_model)
+    proto = embeddings.to_proto(body, model, settings.max_embedding_inputs)
+    response = await until_disconnected(request, client.embed(proto))
     return Response(embeddings.to_json(response, body.encoding_format), media_type="application/json")

@@ -27,6 +27,8 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServiceServicer):
             tokens = model.chat_tokens(request.chat)
         elif kind == "generation":
             tokens = model.generation_tokens(request.generation)
+        elif request.spans:
+            return _with_spans(model.tokenizer, request, model.card().max_model_len)
         else:
             tokens = list(model.tokenizer.encode(request.prompt, add_special_tokens=request.add_special_tokens))
         return tokenizer_pb2.TokenizeResponse(tokens=tokens, max_model_len=model.card().max_model_len)
@@ -41,3 +43,18 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServiceServicer):
             raise invalid_argument(f"`tokens` contains token id {bad}, outside the vocabulary of `{model.name}` "
                                    f"(0..{vocab - 1}).", "tokens")
         return tokenizer_pb2.DetokenizeResponse(prompt=str(model.tokenizer.decode(list(request.tokens))))
+
+
+def _with_spans(tokenizer: Any, request: tokenizer_pb2.TokenizeRequest, max_model_len: int
+                ) -> tokenizer_pb2.TokenizeResponse:
+    """The prompt's tokens with the text each stands for (TEI's /tokenize); needs a fast tokenizer."""
+    if not getattr(tokenizer, "is_fast", False):
+        raise invalid_argument(f"`{request.model}` has no fast tokenizer to tell token offsets", "model")
+    encoding = tokenizer(request.prompt, add_special_tokens=request.add_special_tokens,
+                         return_offsets_mapping=True, return_special_tokens_mask=True)
+    ids, pieces = encoding["input_ids"], tokenizer.convert_ids_to_tokens(encoding["input_ids"])
+    spans = [tokenizer_pb2.TokenSpan(text=piece if special else request.prompt[start:stop], special=bool(special),
+                                     start=start, stop=stop)
+             for piece, special, (start, stop) in zip(pieces, encoding["special_tokens_mask"],
+                                                       encoding["offset_mapping"], strict=True)]
+    return tokenizer_pb2.TokenizeResponse(tokens=ids, max_model_len=max_model_len, spans=spans)

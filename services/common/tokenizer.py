@@ -33,19 +33,24 @@ def load_tokenizer(path: str, model: str) -> PreTrainedTokenizerBase:
         raise ConfigError(f"model `{model}`: cannot load a tokenizer from {path}: {exc}") from None
 
 
-def text_encoder(tokenizer: PreTrainedTokenizerBase, truncate: bool, max_length: int
+def text_encoder(tokenizer: PreTrainedTokenizerBase, side: str | None, max_length: int
                  ) -> Callable[[list[str]], list[list[int]]]:
-    """Texts → token ids, special tokens added, as `tokenizer(texts, truncation=truncate,
-    max_length=max_length)["input_ids"]` gives them; for a fast tokenizer straight from a copy of its Rust
-    tokenizer set up once, which costs a fraction of the wrapper's per-call work."""
+    """Texts → token ids, special tokens added, as `tokenizer(texts, truncation=side is not None,
+    max_length=max_length)["input_ids"]` gives them, cut on `side` ("right" keeps the start, "left" the
+    end; None: not cut); for a fast tokenizer straight from a copy of its Rust tokenizer set up once, which
+    costs a fraction of the wrapper's per-call work."""
     if not getattr(tokenizer, "is_fast", False):
-        return lambda texts: tokenizer(texts, truncation=truncate, max_length=max_length)["input_ids"]
+        def slow(texts: list[str]) -> list[list[int]]:
+            if side is not None:
+                tokenizer.truncation_side = side
+            return tokenizer(texts, truncation=side is not None, max_length=max_length)["input_ids"]
+        return slow
     from tokenizers import Tokenizer
 
     backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())  # a copy: the wrapper re-configures its own
     backend.no_padding()
-    if truncate:
-        backend.enable_truncation(max_length, direction=tokenizer.truncation_side)
+    if side is not None:
+        backend.enable_truncation(max_length, direction=side)
     else:
         backend.no_truncation()
     encode = getattr(backend, "encode_batch_fast", backend.encode_batch)  # no offsets (tokenizers >= 0.21)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +17,12 @@ from tritongate.common.v1 import common_pb2
 from tritongate.config import EmbeddingModel, Pooling
 from tritongate.embed.v1 import embed_pb2
 from tritongate.registry import EMBED
+
+# NIM's `truncate` → the side the tokenizer cuts (None: refuse what is too long); TRUNCATION_DEFAULT is
+# absent: the model's configuration decides.
+_SIDES: dict[int, str | None] = {embed_pb2.TRUNCATION_NONE: None, embed_pb2.TRUNCATION_END: "right",
+                                 embed_pb2.TRUNCATION_START: "left"}
+_INPUT_PROMPTS = {embed_pb2.INPUT_TYPE_QUERY: "query", embed_pb2.INPUT_TYPE_PASSAGE: "passage"}
 
 
 def folder_pooling(path: str) -> str:
@@ -51,7 +57,8 @@ class Embedder(EncoderModel):
         super().__init__(entry, triton)
         self.pooling: Pooling = folder_pooling(entry.path) if entry.pooling == "auto" else entry.pooling  # type: ignore[assignment]
         self.post = lambda output, mask: pool(output, mask, self.pooling)
-        self.encode_texts = text_encoder(self.tokenizer, entry.truncate, self.max_tokens)
+        self.default_side = self.tokenizer.truncation_side if entry.truncate else None
+        self._encoders: dict[str | None, Callable[[list[str]], list[list[int]]]] = {}  # by side
 
     def configured_output(self) -> str | None:
         return self.entry.output_name
@@ -66,31 +73,67 @@ class Embedder(EncoderModel):
         card.dimensions = self.dimensions
         return card
 
-    def encode(self, texts: list[str]) -> list[list[int]]:
+    def side(self, request: embed_pb2.EmbedRequest) -> str | None:
+        """Where the request's over-long inputs are cut ("right": the end, "left": the start; None: refused)."""
+        return _SIDES.get(request.truncation, self.default_side)
+
+    def prompt(self, request: embed_pb2.EmbedRequest) -> str:
+        """The text put before each of the request's texts: the prompt it names, else the one of its
+        `input_type` when the model has one, else the model's default."""
+        prompts = self.entry.prompts
+        if request.prompt_name and request.prompt_name not in prompts:
+            raise invalid_argument(f"`{self.name}` has no prompt named {request.prompt_name!r} (it has: "
+                                   f"{', '.join(prompts) or 'none'})", "prompt_name")
+        by_type = _INPUT_PROMPTS.get(request.input_type)
+        name = request.prompt_name or (by_type if by_type in prompts else None) or self.entry.default_prompt_name
+        return prompts.get(name or "", "")
+
+    def texts(self, request: embed_pb2.EmbedRequest) -> list[str]:
+        prompt = self.prompt(request)
+        return [prompt + text for text in request.texts.texts]
+
+    def encode(self, texts: list[str], side: str | None) -> list[list[int]]:
         if not texts:
             return []
-        return self.encode_texts(texts)
+        if side not in self._encoders:
+            self._encoders[side] = text_encoder(self.tokenizer, side, self.max_tokens)
+        return self._encoders[side](texts)
 
     def encode_many(self, requests: Sequence[embed_pb2.EmbedRequest]) -> list[list[list[int]] | None]:
-        """The token ids of each text request in one tokenizer call over all their texts (the fast
+        """The token ids of each text request, in one tokenizer call over all texts cut alike (the fast
         tokenizer encodes a batch in parallel, and the per-call overhead is paid once); None for the
-        others, which `tokenize` reads itself."""
-        texts = [list(r.texts.texts) if r.WhichOneof("input") == "texts" else None for r in requests]
-        ids = iter(self.encode([text for each in texts if each for text in each]))
-        return [None if each is None else [next(ids) for _ in each] for each in texts]
+        others, which `tokenize` reads itself (and refuses, when their prompt is)."""
+        groups: dict[str | None, list[tuple[int, list[str]]]] = {}  # side → (position, texts)
+        for position, request in enumerate(requests):
+            if request.WhichOneof("input") != "texts":
+                continue
+            try:
+                texts = self.texts(request)
+            except ServiceError:
+                continue
+            groups.setdefault(self.side(request), []).append((position, texts))
+        encoded: list[list[list[int]] | None] = [None] * len(requests)
+        for side, members in groups.items():
+            ids = iter(self.encode([text for _, texts in members for text in texts], side))
+            for position, texts in members:
+                encoded[position] = [next(ids) for _ in texts]
+        return encoded
 
     def tokenize(self, request: embed_pb2.EmbedRequest, encoded: list[list[int]] | None = None) -> list[list[int]]:
-        """Token ids per input (`encoded`: the texts' already), cut at max_tokens (or rejected, when
-        truncation is off)."""
+        """Token ids per input (`encoded`: the texts' already), cut at max_tokens on the request's side (or
+        rejected, when truncation is off); prompts go before texts only."""
+        side = self.side(request)
         if encoded is not None:
             rows = encoded
         elif request.WhichOneof("input") == "tokens":
             rows = [list(item.ids) for item in request.tokens.inputs]
             self.check_token_ids(rows, "input")
-            if self.entry.truncate:
+            if side == "right":
                 rows = [ids[: self.max_tokens] for ids in rows]
+            elif side == "left":
+                rows = [ids[-self.max_tokens:] for ids in rows]
         else:
-            rows = self.encode(list(request.texts.texts))
+            rows = self.encode(self.texts(request), side)
         for i, ids in enumerate(rows):
             if not ids:
                 raise invalid_argument(f"input[{i}] is empty", "input")
@@ -112,7 +155,7 @@ class Embedder(EncoderModel):
         """The EmbedResponse from the model's vectors for `rows`: cut to `dimensions`, normalised."""
         if request.dimensions:
             vectors = vectors[:, : request.dimensions]
-        if self.entry.normalize:
+        if request.normalize if request.HasField("normalize") else self.entry.normalize:
             vectors = normalize(vectors)
         tokens = sum(len(ids) for ids in rows)
         return embed_pb2.EmbedResponse(

@@ -40,6 +40,10 @@ SAMPLES: dict[tuple[str, str], tuple[str, dict[str, Any] | None]] = {
     ("POST", "/v1/rerank"): ("/v1/rerank", RERANK),
     ("POST", "/v2/rerank"): ("/v2/rerank", RERANK),
     ("POST", "/rerank"): ("/rerank", RERANK),
+    ("POST", "/v1/ranking"): ("/v1/ranking", {"model": "minilm-rerank", "query": {"text": "capital of France"},
+                                              "passages": [{"text": "Paris"}]}),
+    ("GET", "/info"): ("/info", None),
+    ("POST", "/embed"): ("/embed", {"inputs": "hi"}),
     ("GET", "/metrics"): ("/metrics", None),
     ("POST", "/v1/responses"): ("/v1/responses", {"model": "ft-echo", "input": "hi", "max_output_tokens": 2}),
     # {stored} is a response this edge stored (see `stored_response`).

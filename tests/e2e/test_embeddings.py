@@ -143,7 +143,7 @@ def test_swagger_ui(http: httpx.Client) -> None:
 BAD_REQUESTS = [
     ("malformed json", b'{"model": "all-minilm-l6-v2", "input": ', 400, None),
     ("missing input", {"model": MODEL}, 400, "input"),
-    ("missing model", {"input": "x"}, 400, "model"),
+    ("model not a string", {"model": 5, "input": "x"}, 400, "model"),  # without one: the default (TEI clients')
     ("empty string", {"model": MODEL, "input": ""}, 400, "input"),
     ("empty list", {"model": MODEL, "input": []}, 400, "input"),
     ("empty token list", {"model": MODEL, "input": [[]]}, 400, "input"),

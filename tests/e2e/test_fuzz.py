@@ -40,6 +40,8 @@ REAL_MODELS = {
     "/v1/rerank": "minilm-rerank",
     "/v2/rerank": "minilm-rerank",
     "/rerank": "minilm-rerank",
+    "/v1/ranking": "minilm-rerank",
+    "/embed": "all-minilm-l6-v2",
     "/v1/responses": "ft-echo",
     "/v1/chat/interactive": "ft-echo",
     "/tokenize": "ft-echo",
@@ -57,7 +59,11 @@ OPERATIONS = [("GET", "/v1/models"), ("GET", "/v1/models/{model_id}"), ("POST", 
               ("POST", "/v2/rerank"), ("POST", "/rerank"), ("GET", "/health"), ("GET", "/health/ready"),
               ("GET", "/v1/health/ready"), ("GET", "/health/live"), ("GET", "/v1/health/live"),
               ("POST", "/v1/responses"), ("GET", "/v1/responses/{response_id}"), ("POST", "/v1/chat/interactive"),
-              ("POST", "/tokenize"), ("POST", "/detokenize")]
+              ("POST", "/tokenize"), ("POST", "/detokenize"), ("POST", "/v1/ranking"), ("GET", "/info"),
+              ("POST", "/embed")]
+# Hugging Face TEI's routes answer TEI's error body; /rerank and /tokenize do for a TEI body (`texts`, `inputs`).
+TEI_PATHS = {"/info", "/embed"}
+ERROR_SCHEMAS = ({"$ref": "#/components/schemas/ErrorResponse"}, {"$ref": "#/components/schemas/TEIErrorResponse"})
 MAX_EXAMPLES = 40  # per operation, valid and invalid requests together
 
 
@@ -111,11 +117,30 @@ def _error_body(payload: Any) -> str | None:
     return None
 
 
+def _tei_error_body(payload: Any) -> str | None:
+    """Why `payload` is not exactly TEI's {"error": str, "error_type": str}, or None when it is."""
+    if not isinstance(payload, dict) or set(payload) != {"error", "error_type"} or not payload["error"]:
+        return f"not a TEI error body: {payload!r}"[:500]
+    return None
+
+
+def _is_tei(case: schemathesis.Case) -> bool:
+    body = _body(case)
+    return case.operation.path in TEI_PATHS or (case.operation.path == "/rerank" and "texts" in body
+                                                and "documents" not in body) or (
+        case.operation.path == "/tokenize" and "inputs" in body)
+
+
 def openai_error_shape(ctx: schemathesis.CheckContext, response: schemathesis.Response,
                        case: schemathesis.Case) -> bool | None:
-    """Every 4xx and 5xx response has OpenAI's error body, as JSON."""
+    """Every 4xx and 5xx response has OpenAI's error body (TEI's on TEI's routes), as JSON."""
     if response.status_code < 400:
         return None
+    if _is_tei(case):
+        assert response.headers.get("content-type", [""])[0].startswith("application/json"), response.headers
+        problem = _tei_error_body(json.loads(response.content))
+        assert problem is None, f"{response.status_code}: {problem}"
+        return True
     assert response.headers.get("content-type", [""])[0].startswith("application/json"), response.headers
     problem = _error_body(json.loads(response.content))
     assert problem is None, f"{response.status_code}: {problem}"
@@ -198,12 +223,23 @@ def openai_success_shape(ctx: schemathesis.CheckContext, response: schemathesis.
         _rerank_results(payload["results"], body)
     elif path == "/rerank":
         _rerank_results(payload, body)
+    elif path == "/v1/ranking":
+        _rerank_results(payload["rankings"], {"documents": body.get("passages")})
+    elif path == "/info":
+        assert payload["model_id"] and payload["max_client_batch_size"] >= 1
+    elif path == "/embed":
+        inputs = body.get("inputs")
+        one = isinstance(inputs, str) or (isinstance(inputs, list) and bool(inputs) and isinstance(inputs[0], int))
+        assert len(payload) == (1 if one else len(inputs or []))
     elif path in ("/health", "/health/ready", "/v1/health/ready", "/health/live", "/v1/health/live"):
         assert payload["status"] == "ok"
     elif path in ("/v1/responses", "/v1/responses/{response_id}"):
         validate(payload, "Response")
     elif path == "/v1/chat/interactive":
         assert isinstance(payload["text"], str) and payload["finish_reason"] in ("stop", "length")
+    elif path == "/tokenize" and isinstance(payload, list):
+        inputs = body.get("inputs")
+        assert len(payload) == (1 if isinstance(inputs, str) else len(inputs or []))
     elif path == "/tokenize":
         assert payload["count"] == len(payload["tokens"])
     elif path == "/detokenize":
@@ -226,7 +262,7 @@ def test_every_operation_is_fuzzed_and_declares_openai_errors(edge_schema: schem
         assert "422" not in responses, operation.label  # FastAPI's {"detail": ...} is never sent
         for status in ("4XX", "5XX"):
             schema = responses[status]["content"]["application/json"]["schema"]
-            assert schema == {"$ref": "#/components/schemas/ErrorResponse"}, operation.label
+            assert schema in ERROR_SCHEMAS or schema.get("anyOf") == list(ERROR_SCHEMAS), operation.label
 
 
 def _check(case: schemathesis.Case) -> None:

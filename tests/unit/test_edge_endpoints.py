@@ -164,7 +164,10 @@ def test_nested_rules_are_located_by_their_path() -> None:
 
 
 @pytest.mark.parametrize(("convert", "limit", "body", "param"), [
-    (embeddings.to_proto, 2, embeddings.EmbeddingRequest(model="m", input=["a", "b", "c"]), "input"),
+    (lambda body, limit: embeddings.to_proto(body, "m", limit), 2,
+     embeddings.EmbeddingRequest(model="m", input=["a", "b", "c"]), "input"),
+    (rerank.ranking_proto, 1, rerank.RankingRequest(model="m", query={"text": "q"},
+                                                    passages=[{"text": "a"}, {"text": "b"}]), "passages"),
     (rerank.to_proto, 1, rerank.RerankRequest(model="m", query="q", documents=["a", "b"]), "documents"),
 ])
 def test_per_request_limits_are_checked_while_building_the_proto(convert: Any, limit: int, body: Any,

@@ -21,7 +21,18 @@ import pytest
 from pydantic import BaseModel, TypeAdapter
 
 import edge.endpoints
-from edge.endpoints import chat, completions, embeddings, interactive, messages, models, rerank, responses, tokenize
+from edge.endpoints import (
+    chat,
+    completions,
+    embeddings,
+    interactive,
+    messages,
+    models,
+    rerank,
+    responses,
+    tei,
+    tokenize,
+)
 from edge.endpoints.common import ResponseModel
 from edge.endpoints.llm_common import Collected, Shape
 from edge.errors import OpenAIError
@@ -243,6 +254,22 @@ def rerank_cases() -> Iterator[Case]:
         tei = rerank.TEIRerankRequest.model_validate({"query": "q", "texts": ["a", "b"], "return_text": text})
         yield Case(f"rerank TEI return_text={text}", TypeAdapter(rerank.TEIRerankResponse),
                    orjson.loads(orjson.dumps(rerank.tei_response(tei, answer))))
+    yield Case("NIM ranking", rerank.RankingResponse, orjson.loads(orjson.dumps(rerank.ranking_response(answer))))
+
+
+def tei_cases() -> Iterator[Case]:
+    vectors = np.array([[0.5, -1.0], [0.25, 2.0]], dtype="<f4")
+    answer = embed_pb2.EmbedResponse(model="e", embeddings=vectors.tobytes(), rows=2, dimensions=2)
+    embedded = orjson.loads(tei.embed_json(answer))
+    assert embedded == vectors.tolist()
+    yield Case("TEI embed", tei.TEIEmbedResponse, embedded)
+    spans = [tokenizer_pb2.TokenSpan(text="[CLS]", special=True), tokenizer_pb2.TokenSpan(text="hi", start=0, stop=2)]
+    tokens = tei.tokens(tokenizer_pb2.TokenizeResponse(tokens=[101, 7632], spans=spans))
+    assert [t["start"] for t in tokens] == [None, 0]
+    yield Case("TEI tokenize", TypeAdapter(tei.TEITokenizeResponse), [tokens])
+    for kind in (common_pb2.MODEL_KIND_EMBEDDING, common_pb2.MODEL_KIND_RERANK):
+        card = common_pb2.ModelCard(id="m", kind=kind, max_model_len=256)
+        yield Case(f"TEI info {kind}", tei.TEIInfo, tei.info(card, 32))
 
 
 def model_cases() -> Iterator[Case]:
@@ -310,7 +337,7 @@ async def interactive_cases() -> list[Case]:
 @pytest.fixture(scope="module")
 def cases() -> list[Case]:
     return [*chat_cases(), *completion_cases(), *responses_cases(), *messages_cases(), *embedding_cases(),
-            *rerank_cases(), *model_cases(), *tokenize_cases(), *asyncio.run(interactive_cases())]
+            *rerank_cases(), *tei_cases(), *model_cases(), *tokenize_cases(), *asyncio.run(interactive_cases())]
 
 
 def exactly(schema: type[BaseModel] | TypeAdapter[Any], payload: Any) -> Any:

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from tritongate.llm.v1 import llm_pb2 as tritongate_dot_llm_dot_v1_dot_llm__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$tritongate/common/v1/tokenizer.proto\x12\x14tritongate.common.v1\x1a\x1btritongate/llm/v1/llm.proto\"5\n\x14TokenizerChatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"M\n\rTokenizerChat\x12<\n\x08messages\x18\x01 \x03(\x0b\x32*.tritongate.common.v1.TokenizerChatMessage\"\xc6\x01\n\x0fTokenizeRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x10\n\x06prompt\x18\x02 \x01(\tH\x00\x12\x33\n\x04\x63hat\x18\x03 \x01(\x0b\x32#.tritongate.common.v1.TokenizerChatH\x00\x12\x38\n\ngeneration\x18< \x01(\x0b\x32\".tritongate.llm.v1.GenerateRequestH\x00\x12\x1a\n\x12\x61\x64\x64_special_tokens\x18\x04 \x01(\x08\x42\x07\n\x05input\"9\n\x10TokenizeResponse\x12\x0e\n\x06tokens\x18\x01 \x03(\r\x12\x15\n\rmax_model_len\x18\x02 \x01(\r\"2\n\x11\x44\x65tokenizeRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x06tokens\x18\x02 \x03(\r\"$\n\x12\x44\x65tokenizeResponse\x12\x0e\n\x06prompt\x18\x01 \x01(\t2\xce\x01\n\x10TokenizerService\x12Y\n\x08Tokenize\x12%.tritongate.common.v1.TokenizeRequest\x1a&.tritongate.common.v1.TokenizeResponse\x12_\n\nDetokenize\x12\'.tritongate.common.v1.DetokenizeRequest\x1a(.tritongate.common.v1.DetokenizeResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$tritongate/common/v1/tokenizer.proto\x12\x14tritongate.common.v1\x1a\x1btritongate/llm/v1/llm.proto\"5\n\x14TokenizerChatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"M\n\rTokenizerChat\x12<\n\x08messages\x18\x01 \x03(\x0b\x32*.tritongate.common.v1.TokenizerChatMessage\"\xd5\x01\n\x0fTokenizeRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x10\n\x06prompt\x18\x02 \x01(\tH\x00\x12\x33\n\x04\x63hat\x18\x03 \x01(\x0b\x32#.tritongate.common.v1.TokenizerChatH\x00\x12\x38\n\ngeneration\x18< \x01(\x0b\x32\".tritongate.llm.v1.GenerateRequestH\x00\x12\x1a\n\x12\x61\x64\x64_special_tokens\x18\x04 \x01(\x08\x12\r\n\x05spans\x18( \x01(\x08\x42\x07\n\x05input\"G\n\tTokenSpan\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x0f\n\x07special\x18\x02 \x01(\x08\x12\r\n\x05start\x18\x03 \x01(\r\x12\x0c\n\x04stop\x18\x04 \x01(\r\"i\n\x10TokenizeResponse\x12\x0e\n\x06tokens\x18\x01 \x03(\r\x12\x15\n\rmax_model_len\x18\x02 \x01(\r\x12.\n\x05spans\x18( \x03(\x0b\x32\x1f.tritongate.common.v1.TokenSpan\"2\n\x11\x44\x65tokenizeRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x06tokens\x18\x02 \x03(\r\"$\n\x12\x44\x65tokenizeResponse\x12\x0e\n\x06prompt\x18\x01 \x01(\t2\xce\x01\n\x10TokenizerService\x12Y\n\x08Tokenize\x12%.tritongate.common.v1.TokenizeRequest\x1a&.tritongate.common.v1.TokenizeResponse\x12_\n\nDetokenize\x12\'.tritongate.common.v1.DetokenizeRequest\x1a(.tritongate.common.v1.DetokenizeResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,13 +37,15 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TOKENIZERCHAT']._serialized_start=146
   _globals['_TOKENIZERCHAT']._serialized_end=223
   _globals['_TOKENIZEREQUEST']._serialized_start=226
-  _globals['_TOKENIZEREQUEST']._serialized_end=424
-  _globals['_TOKENIZERESPONSE']._serialized_start=426
-  _globals['_TOKENIZERESPONSE']._serialized_end=483
-  _globals['_DETOKENIZEREQUEST']._serialized_start=485
-  _globals['_DETOKENIZEREQUEST']._serialized_end=535
-  _globals['_DETOKENIZERESPONSE']._serialized_start=537
-  _globals['_DETOKENIZERESPONSE']._serialized_end=573
-  _globals['_TOKENIZERSERVICE']._serialized_start=576
-  _globals['_TOKENIZERSERVICE']._serialized_end=782
+  _globals['_TOKENIZEREQUEST']._serialized_end=439
+  _globals['_TOKENSPAN']._serialized_start=441
+  _globals['_TOKENSPAN']._serialized_end=512
+  _globals['_TOKENIZERESPONSE']._serialized_start=514
+  _globals['_TOKENIZERESPONSE']._serialized_end=619
+  _globals['_DETOKENIZEREQUEST']._serialized_start=621
+  _globals['_DETOKENIZEREQUEST']._serialized_end=671
+  _globals['_DETOKENIZERESPONSE']._serialized_start=673
+  _globals['_DETOKENIZERESPONSE']._serialized_end=709
+  _globals['_TOKENIZERSERVICE']._serialized_start=712
+  _globals['_TOKENIZERSERVICE']._serialized_end=918
 # @@protoc_insertion_point(module_scope)

@@ -80,12 +80,15 @@ class TokenizeRequest(_message.Message):
     CHAT_FIELD_NUMBER: _builtins.int
     GENERATION_FIELD_NUMBER: _builtins.int
     ADD_SPECIAL_TOKENS_FIELD_NUMBER: _builtins.int
+    SPANS_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     """Public model id."""
     prompt: _builtins.str
     """Plain text."""
     add_special_tokens: _builtins.bool
     """Add the tokenizer's special tokens (e.g. BOS) around `prompt`; a rendered chat has its own."""
+    spans: _builtins.bool
+    """Also answer each token's place in `prompt` (TEI's /tokenize); plain text only."""
     @_builtins.property
     def chat(self) -> Global___TokenizerChat:
         """A chat, rendered with the model's chat template (with the generation prompt) first; LLMs only."""
@@ -104,10 +107,11 @@ class TokenizeRequest(_message.Message):
         chat: Global___TokenizerChat | None = ...,
         generation: _llm_pb2.GenerateRequest | None = ...,
         add_special_tokens: _builtins.bool = ...,
+        spans: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["chat", b"chat", "generation", b"generation", "input", b"input", "prompt", b"prompt"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["add_special_tokens", b"add_special_tokens", "chat", b"chat", "generation", b"generation", "input", b"input", "model", b"model", "prompt", b"prompt"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["add_special_tokens", b"add_special_tokens", "chat", b"chat", "generation", b"generation", "input", b"input", "model", b"model", "prompt", b"prompt", "spans", b"spans"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_input: _TypeAlias = _typing.Literal["prompt", "chat", "generation"]  # noqa: Y015
     _WhichOneofArgType_input: _TypeAlias = _typing.Literal["input", b"input"]  # noqa: Y015
@@ -116,26 +120,65 @@ class TokenizeRequest(_message.Message):
 Global___TokenizeRequest: _TypeAlias = TokenizeRequest  # noqa: Y015
 
 @_typing.final
+class TokenSpan(_message.Message):
+    """Where one token of a prompt came from."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TEXT_FIELD_NUMBER: _builtins.int
+    SPECIAL_FIELD_NUMBER: _builtins.int
+    START_FIELD_NUMBER: _builtins.int
+    STOP_FIELD_NUMBER: _builtins.int
+    text: _builtins.str
+    """The prompt's text the token stands for (a special token the tokenizer added: the token itself)."""
+    special: _builtins.bool
+    """Whether the tokenizer added it (e.g. [CLS])."""
+    start: _builtins.int
+    """Its first and one-past-last character in the prompt (both 0 for an added special token)."""
+    stop: _builtins.int
+    def __init__(
+        self,
+        *,
+        text: _builtins.str = ...,
+        special: _builtins.bool = ...,
+        start: _builtins.int = ...,
+        stop: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["special", b"special", "start", b"start", "stop", b"stop", "text", b"text"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TokenSpan: _TypeAlias = TokenSpan  # noqa: Y015
+
+@_typing.final
 class TokenizeResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     TOKENS_FIELD_NUMBER: _builtins.int
     MAX_MODEL_LEN_FIELD_NUMBER: _builtins.int
+    SPANS_FIELD_NUMBER: _builtins.int
     max_model_len: _builtins.int
     """Longest input the model accepts, in tokens (0 when unknown)."""
     @_builtins.property
     def tokens(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """The token ids."""
 
+    @_builtins.property
+    def spans(self) -> _containers.RepeatedCompositeFieldContainer[Global___TokenSpan]:
+        """With `spans`: one per token, in order."""
+
     def __init__(
         self,
         *,
         tokens: _abc.Iterable[_builtins.int] | None = ...,
         max_model_len: _builtins.int = ...,
+        spans: _abc.Iterable[Global___TokenSpan] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_model_len", b"max_model_len", "tokens", b"tokens"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_model_len", b"max_model_len", "spans", b"spans", "tokens", b"tokens"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -25,29 +25,33 @@ _sym_db = _symbol_database.Default()
 from tritongate.common.v1 import common_pb2 as tritongate_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ftritongate/embed/v1/embed.proto\x12\x13tritongate.embed.v1\x1a!tritongate/common/v1/common.proto\"\x1a\n\tTextBatch\x12\r\n\x05texts\x18\x01 \x03(\t\"<\n\nTokenBatch\x12.\n\x06inputs\x18\x01 \x03(\x0b\x32\x1e.tritongate.common.v1.TokenIds\"\x9e\x01\n\x0c\x45mbedRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12/\n\x05texts\x18\x02 \x01(\x0b\x32\x1e.tritongate.embed.v1.TextBatchH\x00\x12\x31\n\x06tokens\x18\x03 \x01(\x0b\x32\x1f.tritongate.embed.v1.TokenBatchH\x00\x12\x12\n\ndimensions\x18\x04 \x01(\rB\x07\n\x05input\"\xb0\x01\n\rEmbedResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x12\n\nembeddings\x18\x02 \x01(\x0c\x12\x0c\n\x04rows\x18\x03 \x01(\r\x12\x12\n\ndimensions\x18\x04 \x01(\r\x12*\n\x05usage\x18\x05 \x01(\x0b\x32\x1b.tritongate.common.v1.Usage\x12.\n\x07timings\x18\x06 \x01(\x0b\x32\x1d.tritongate.common.v1.Timings\"x\n\x0e\x45mbedBatchItem\x12\x32\n\x07request\x18\x01 \x01(\x0b\x32!.tritongate.embed.v1.EmbedRequest\x12\x32\n\x07\x63ontext\x18\x02 \x01(\x0b\x32!.tritongate.common.v1.ItemContext\"G\n\x11\x45mbedBatchRequest\x12\x32\n\x05items\x18\x01 \x03(\x0b\x32#.tritongate.embed.v1.EmbedBatchItem\"\x87\x01\n\x10\x45mbedBatchResult\x12\x36\n\x08response\x18\x01 \x01(\x0b\x32\".tritongate.embed.v1.EmbedResponseH\x00\x12\x30\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x1f.tritongate.common.v1.ItemErrorH\x00\x42\t\n\x07outcome\"L\n\x12\x45mbedBatchResponse\x12\x36\n\x07results\x18\x01 \x03(\x0b\x32%.tritongate.embed.v1.EmbedBatchResult2\x9e\x02\n\x0c\x45mbedService\x12N\n\x05\x45mbed\x12!.tritongate.embed.v1.EmbedRequest\x1a\".tritongate.embed.v1.EmbedResponse\x12]\n\nEmbedBatch\x12&.tritongate.embed.v1.EmbedBatchRequest\x1a\'.tritongate.embed.v1.EmbedBatchResponse\x12_\n\nListModels\x12\'.tritongate.common.v1.ListModelsRequest\x1a(.tritongate.common.v1.ListModelsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ftritongate/embed/v1/embed.proto\x12\x13tritongate.embed.v1\x1a!tritongate/common/v1/common.proto\"\x1a\n\tTextBatch\x12\r\n\x05texts\x18\x01 \x03(\t\"<\n\nTokenBatch\x12.\n\x06inputs\x18\x01 \x03(\x0b\x32\x1e.tritongate.common.v1.TokenIds\"\xc2\x02\n\x0c\x45mbedRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12/\n\x05texts\x18\x02 \x01(\x0b\x32\x1e.tritongate.embed.v1.TextBatchH\x00\x12\x31\n\x06tokens\x18\x03 \x01(\x0b\x32\x1f.tritongate.embed.v1.TokenBatchH\x00\x12\x12\n\ndimensions\x18\x04 \x01(\r\x12\x13\n\x0bprompt_name\x18\x05 \x01(\t\x12\x32\n\ninput_type\x18\x06 \x01(\x0e\x32\x1e.tritongate.embed.v1.InputType\x12\x33\n\ntruncation\x18\x07 \x01(\x0e\x32\x1f.tritongate.embed.v1.Truncation\x12\x16\n\tnormalize\x18\x08 \x01(\x08H\x01\x88\x01\x01\x42\x07\n\x05inputB\x0c\n\n_normalize\"\xb0\x01\n\rEmbedResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x12\n\nembeddings\x18\x02 \x01(\x0c\x12\x0c\n\x04rows\x18\x03 \x01(\r\x12\x12\n\ndimensions\x18\x04 \x01(\r\x12*\n\x05usage\x18\x05 \x01(\x0b\x32\x1b.tritongate.common.v1.Usage\x12.\n\x07timings\x18\x06 \x01(\x0b\x32\x1d.tritongate.common.v1.Timings\"x\n\x0e\x45mbedBatchItem\x12\x32\n\x07request\x18\x01 \x01(\x0b\x32!.tritongate.embed.v1.EmbedRequest\x12\x32\n\x07\x63ontext\x18\x02 \x01(\x0b\x32!.tritongate.common.v1.ItemContext\"G\n\x11\x45mbedBatchRequest\x12\x32\n\x05items\x18\x01 \x03(\x0b\x32#.tritongate.embed.v1.EmbedBatchItem\"\x87\x01\n\x10\x45mbedBatchResult\x12\x36\n\x08response\x18\x01 \x01(\x0b\x32\".tritongate.embed.v1.EmbedResponseH\x00\x12\x30\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x1f.tritongate.common.v1.ItemErrorH\x00\x42\t\n\x07outcome\"L\n\x12\x45mbedBatchResponse\x12\x36\n\x07results\x18\x01 \x03(\x0b\x32%.tritongate.embed.v1.EmbedBatchResult*U\n\tInputType\x12\x1a\n\x16INPUT_TYPE_UNSPECIFIED\x10\x00\x12\x14\n\x10INPUT_TYPE_QUERY\x10\x01\x12\x16\n\x12INPUT_TYPE_PASSAGE\x10\x02*c\n\nTruncation\x12\x16\n\x12TRUNCATION_DEFAULT\x10\x00\x12\x13\n\x0fTRUNCATION_NONE\x10\x01\x12\x12\n\x0eTRUNCATION_END\x10\x02\x12\x14\n\x10TRUNCATION_START\x10\x03\x32\x9e\x02\n\x0c\x45mbedService\x12N\n\x05\x45mbed\x12!.tritongate.embed.v1.EmbedRequest\x1a\".tritongate.embed.v1.EmbedResponse\x12]\n\nEmbedBatch\x12&.tritongate.embed.v1.EmbedBatchRequest\x1a\'.tritongate.embed.v1.EmbedBatchResponse\x12_\n\nListModels\x12\'.tritongate.common.v1.ListModelsRequest\x1a(.tritongate.common.v1.ListModelsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'tritongate.embed.v1.embed_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_INPUTTYPE']._serialized_start=1096
+  _globals['_INPUTTYPE']._serialized_end=1181
+  _globals['_TRUNCATION']._serialized_start=1183
+  _globals['_TRUNCATION']._serialized_end=1282
   _globals['_TEXTBATCH']._serialized_start=91
   _globals['_TEXTBATCH']._serialized_end=117
   _globals['_TOKENBATCH']._serialized_start=119
   _globals['_TOKENBATCH']._serialized_end=179
   _globals['_EMBEDREQUEST']._serialized_start=182
-  _globals['_EMBEDREQUEST']._serialized_end=340
-  _globals['_EMBEDRESPONSE']._serialized_start=343
-  _globals['_EMBEDRESPONSE']._serialized_end=519
-  _globals['_EMBEDBATCHITEM']._serialized_start=521
-  _globals['_EMBEDBATCHITEM']._serialized_end=641
-  _globals['_EMBEDBATCHREQUEST']._serialized_start=643
-  _globals['_EMBEDBATCHREQUEST']._serialized_end=714
-  _globals['_EMBEDBATCHRESULT']._serialized_start=717
-  _globals['_EMBEDBATCHRESULT']._serialized_end=852
-  _globals['_EMBEDBATCHRESPONSE']._serialized_start=854
-  _globals['_EMBEDBATCHRESPONSE']._serialized_end=930
-  _globals['_EMBEDSERVICE']._serialized_start=933
-  _globals['_EMBEDSERVICE']._serialized_end=1219
+  _globals['_EMBEDREQUEST']._serialized_end=504
+  _globals['_EMBEDRESPONSE']._serialized_start=507
+  _globals['_EMBEDRESPONSE']._serialized_end=683
+  _globals['_EMBEDBATCHITEM']._serialized_start=685
+  _globals['_EMBEDBATCHITEM']._serialized_end=805
+  _globals['_EMBEDBATCHREQUEST']._serialized_start=807
+  _globals['_EMBEDBATCHREQUEST']._serialized_end=878
+  _globals['_EMBEDBATCHRESULT']._serialized_start=881
+  _globals['_EMBEDBATCHRESULT']._serialized_end=1016
+  _globals['_EMBEDBATCHRESPONSE']._serialized_start=1018
+  _globals['_EMBEDBATCHRESPONSE']._serialized_end=1094
+  _globals['_EMBEDSERVICE']._serialized_start=1285
+  _globals['_EMBEDSERVICE']._serialized_end=1571
 # @@protoc_insertion_point(module_scope)

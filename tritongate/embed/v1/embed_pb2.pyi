@@ -7,6 +7,7 @@ from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from tritongate.common.v1 import common_pb2 as _common_pb2
 import builtins as _builtins
 import sys
@@ -18,6 +19,52 @@ else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class _InputType:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _InputTypeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_InputType.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    INPUT_TYPE_UNSPECIFIED: _InputType.ValueType  # 0
+    INPUT_TYPE_QUERY: _InputType.ValueType  # 1
+    INPUT_TYPE_PASSAGE: _InputType.ValueType  # 2
+
+class InputType(_InputType, metaclass=_InputTypeEnumTypeWrapper):
+    """NIM's `input_type`."""
+
+INPUT_TYPE_UNSPECIFIED: InputType.ValueType  # 0
+INPUT_TYPE_QUERY: InputType.ValueType  # 1
+INPUT_TYPE_PASSAGE: InputType.ValueType  # 2
+Global___InputType: _TypeAlias = InputType  # noqa: Y015
+
+class _Truncation:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _TruncationEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Truncation.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    TRUNCATION_DEFAULT: _Truncation.ValueType  # 0
+    """The model's configuration (`truncate`: END when true, NONE when false)."""
+    TRUNCATION_NONE: _Truncation.ValueType  # 1
+    """Refuse an input over the limit."""
+    TRUNCATION_END: _Truncation.ValueType  # 2
+    """Keep the start: cut tokens off the end."""
+    TRUNCATION_START: _Truncation.ValueType  # 3
+    """Keep the end: cut tokens off the start."""
+
+class Truncation(_Truncation, metaclass=_TruncationEnumTypeWrapper):
+    """NIM's `truncate` (TEI's boolean `truncate` is END or NONE)."""
+
+TRUNCATION_DEFAULT: Truncation.ValueType  # 0
+"""The model's configuration (`truncate`: END when true, NONE when false)."""
+TRUNCATION_NONE: Truncation.ValueType  # 1
+"""Refuse an input over the limit."""
+TRUNCATION_END: Truncation.ValueType  # 2
+"""Keep the start: cut tokens off the end."""
+TRUNCATION_START: Truncation.ValueType  # 3
+"""Keep the end: cut tokens off the start."""
+Global___Truncation: _TypeAlias = Truncation  # noqa: Y015
 
 @_typing.final
 class TextBatch(_message.Message):
@@ -75,10 +122,28 @@ class EmbedRequest(_message.Message):
     TEXTS_FIELD_NUMBER: _builtins.int
     TOKENS_FIELD_NUMBER: _builtins.int
     DIMENSIONS_FIELD_NUMBER: _builtins.int
+    PROMPT_NAME_FIELD_NUMBER: _builtins.int
+    INPUT_TYPE_FIELD_NUMBER: _builtins.int
+    TRUNCATION_FIELD_NUMBER: _builtins.int
+    NORMALIZE_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     """Public model id."""
     dimensions: _builtins.int
     """Keep only the first `dimensions` values of each vector and re-normalise; 0 keeps them all."""
+    prompt_name: _builtins.str
+    """The model's prompt of this name (its configuration's `prompts`, as sentence-transformers names them)
+    goes before each text (TEI's `prompt_name`); a name the model lacks is refused. Empty: the model's
+    `default_prompt_name`, if any.
+    """
+    input_type: Global___InputType.ValueType
+    """What the texts are for retrieval (NIM's `input_type`): the model's prompt named `query` or
+    `passage` goes before each text when it has one (asymmetric models such as E5 or BGE); `prompt_name`,
+    when set, wins.
+    """
+    truncation: Global___Truncation.ValueType
+    """How an input longer than the model's limit is handled."""
+    normalize: _builtins.bool
+    """TEI's `normalize`: unset keeps the model's configuration."""
     @_builtins.property
     def texts(self) -> Global___TextBatch:
         """Texts, tokenized by the service."""
@@ -94,13 +159,22 @@ class EmbedRequest(_message.Message):
         texts: Global___TextBatch | None = ...,
         tokens: Global___TokenBatch | None = ...,
         dimensions: _builtins.int = ...,
+        prompt_name: _builtins.str = ...,
+        input_type: Global___InputType.ValueType = ...,
+        truncation: Global___Truncation.ValueType = ...,
+        normalize: _builtins.bool | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["input", b"input", "texts", b"texts", "tokens", b"tokens"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_normalize", b"_normalize", "input", b"input", "normalize", b"normalize", "texts", b"texts", "tokens", b"tokens"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dimensions", b"dimensions", "input", b"input", "model", b"model", "texts", b"texts", "tokens", b"tokens"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_normalize", b"_normalize", "dimensions", b"dimensions", "input", b"input", "input_type", b"input_type", "model", b"model", "normalize", b"normalize", "prompt_name", b"prompt_name", "texts", b"texts", "tokens", b"tokens", "truncation", b"truncation"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__normalize: _TypeAlias = _typing.Literal["normalize"]  # noqa: Y015
+    _WhichOneofArgType__normalize: _TypeAlias = _typing.Literal["_normalize", b"_normalize"]  # noqa: Y015
     _WhichOneofReturnType_input: _TypeAlias = _typing.Literal["texts", "tokens"]  # noqa: Y015
     _WhichOneofArgType_input: _TypeAlias = _typing.Literal["input", b"input"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__normalize) -> _WhichOneofReturnType__normalize | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType_input) -> _WhichOneofReturnType_input | None: ...
 
 Global___EmbedRequest: _TypeAlias = EmbedRequest  # noqa: Y015
