@@ -185,7 +185,7 @@ def anthropic_body(error: OpenAIError) -> dict[str, Any]:
 
 
 # Hugging Face TEI's error body, {"error": message, "error_type": kind}: its kind of each status.
-_TEI_TYPES = {413: "Validation", 422: "Tokenizer", 429: "Overloaded", 503: "Unhealthy"}
+_TEI_TYPES = {401: "Unauthorized", 413: "Validation", 422: "Tokenizer", 429: "Overloaded", 503: "Unhealthy"}
 
 
 def tei_body(error: OpenAIError) -> dict[str, Any]:

@@ -18,6 +18,7 @@ import pytest
 from edge.app import create_app
 from edge.auth import OPEN_PATHS
 from launcher.stack import LocalStack, http_ok
+from tests.support.anthropic_schema import validate_error
 from tests.support.openai_schema import validate
 from tests.support.ports import free_port, wait_until
 from tests.support.stack import spawn as _spawn
@@ -52,6 +53,10 @@ SAMPLES: dict[tuple[str, str], tuple[str, dict[str, Any] | None]] = {
         "model": "ft-echo", "prompt": "hi", "request_output_len": 2}),
     ("POST", "/tokenize"): ("/tokenize", {"model": "ft-echo", "prompt": "hi"}),
     ("POST", "/detokenize"): ("/detokenize", {"model": "ft-echo", "tokens": [1, 2]}),
+    ("POST", "/v1/messages"): ("/v1/messages", {"model": "ft-echo", "max_tokens": 2,
+                                                "messages": [{"role": "user", "content": "hi"}]}),
+    ("POST", "/v1/messages/count_tokens"): ("/v1/messages/count_tokens", {
+        "model": "ft-echo", "messages": [{"role": "user", "content": "hi"}]}),
 }
 
 
@@ -115,11 +120,20 @@ def _route_table(routes: list[Any]) -> list[Any]:
 
 
 def assert_unauthorized(response: httpx.Response) -> None:
+    """A 401 in the error shape of the API the route speaks: Anthropic's under /v1/messages, TEI's on its own
+    routes, else OpenAI's."""
     assert response.status_code == 401, (response.request.url, response.text)
     assert response.headers["www-authenticate"] == "Bearer"
     body = response.json()
-    validate(body, "ErrorResponse")
-    assert body["error"]["type"] == "authentication_error" and body["error"]["code"] == "invalid_api_key"
+    path = response.request.url.path
+    if path.startswith("/v1/messages"):
+        validate_error(body)
+        assert body["error"]["type"] == "authentication_error"
+    elif path in ("/info", "/embed"):
+        assert set(body) == {"error", "error_type"} and body["error_type"] == "Unauthorized"
+    else:
+        validate(body, "ErrorResponse")
+        assert body["error"]["type"] == "authentication_error" and body["error"]["code"] == "invalid_api_key"
 
 
 def call(edge: Edge, method: str, path: str, body: dict[str, Any] | None, key: str | None) -> httpx.Response:
@@ -186,3 +200,15 @@ def test_the_keys_never_reach_the_log(edges: dict[bool, Edge]) -> None:
         assert "GET /v1/models" in text  # the access log is there: the check below looks at real output
         for secret in KEYS:
             assert secret not in text
+
+
+def test_the_anthropic_sdk_sends_its_key_as_x_api_key(edges: dict[bool, Edge]) -> None:
+    import anthropic
+
+    edge = edges[False]
+    with pytest.raises(anthropic.AuthenticationError):
+        anthropic.Anthropic(base_url=edge.url, api_key="sk-wrong", max_retries=0).messages.create(
+            model="ft-echo", max_tokens=2, messages=[{"role": "user", "content": "hi"}])
+    message = anthropic.Anthropic(base_url=edge.url, api_key=KEY_FROM_FILE, max_retries=0, timeout=60).messages.create(
+        model="ft-echo", max_tokens=2, messages=[{"role": "user", "content": "hi there"}])
+    assert message.stop_reason == "max_tokens" and message.usage.output_tokens == 2
