@@ -4,6 +4,12 @@ laptop and on a GPU server), and what the model cost Triton on each path (its CP
 
 Every benchmark takes `--edge-workers N` and `--replicas N` (service replicas), as `tritongate up
 --edge-workers N --<service>-replicas N` would run them; `--workers N` sets both, `auto` as `up` does.
+
+For a bigger machine (a GPU server), the demo models' Triton configuration can be changed for a run:
+`--device`, `--triton-instances`, `--max-batch` and `--max-active` (see `TRITON`) make the private
+stack load patched copies of the demo models' folders from a temporary repository, never editing
+deploy/. Benchmarks whose load can be spread take `--load-processes N`: N load processes share each
+point's concurrency, so that one Python client is not what limits the rate (see `LoadProcesses`).
 """
 
 from __future__ import annotations
@@ -12,7 +18,9 @@ import argparse
 import asyncio
 import contextlib
 import json
+import multiprocessing
 import os
+import shutil
 import socket
 import statistics
 import sys
@@ -20,9 +28,14 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
 
 from launcher.stack import LocalStack
 from launcher.workers import parse_workers
@@ -34,6 +47,11 @@ BENCH_MODELS = Path(__file__).resolve().parent / "triton_models"
 
 # Processes per component of the benchmarks' stacks (bench_main sets them from the command line).
 PROCESSES = {"edge": 1, "services": 1}
+# Changes to the demo models' Triton configuration (bench_main sets them; none: deploy/triton as it is).
+# They apply to the models with a `device` parameter (the demo models): `device` that parameter,
+# `instances` their instance_group counts, `max_batch` the max_batch_size of those with dynamic batching,
+# `max_active` the LLMs' max_active_requests.
+TRITON: dict[str, Any] = {}
 _STACKS: list[LocalStack] = []  # the running private stack, for the CPU accounting of `compare`
 
 
@@ -54,7 +72,11 @@ def private_stack(sections: dict[str, list[dict[str, Any]]], triton_models: list
         repo.mkdir()
         for name in triton_models:
             source = next(r / name for r in (DEPLOY_DIR / "triton", *extra_repositories) if (r / name).is_dir())
-            (repo / name).symlink_to(source)
+            if TRITON and is_demo_model(source):
+                shutil.copytree(source, repo / name, ignore=shutil.ignore_patterns("__pycache__"))
+                patch_config(repo / name / "config.pbtxt", **TRITON)
+            else:
+                (repo / name).symlink_to(source)
         grpc_port = free_port()
         config = {section: [dict(e, url=f"127.0.0.1:{grpc_port}") for e in entries]
                   for section, entries in sections.items()}
@@ -72,6 +94,30 @@ def private_stack(sections: dict[str, list[dict[str, Any]]], triton_models: list
                 yield stack
             finally:
                 _STACKS.remove(stack)
+
+
+def _config(path: Path) -> Any:
+    return text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())
+
+
+def is_demo_model(folder: Path) -> bool:
+    return "device" in _config(folder / "config.pbtxt").parameters
+
+
+def patch_config(path: Path, device: str | None = None, instances: int | None = None, max_batch: int | None = None,
+                 max_active: int | None = None) -> None:
+    """Rewrite a copy of a demo model's config.pbtxt with the benchmark's changes (comments are lost)."""
+    config = _config(path)
+    if device:
+        config.parameters["device"].string_value = device
+    if instances:
+        for group in config.instance_group:
+            group.count = instances
+    if max_batch and config.HasField("dynamic_batching"):
+        config.max_batch_size = max_batch
+    if max_active and "max_active_requests" in config.parameters:
+        config.parameters["max_active_requests"].string_value = str(max_active)
+    path.write_text(text_format.MessageToString(config))
 
 
 def sections_services(sections: dict[str, list[dict[str, Any]]]) -> list[str]:
@@ -193,10 +239,11 @@ Path_ = Callable[[list[str]], Awaitable[None]]
 
 
 async def compare(size: int, concurrency: int, item: Callable[[int], str], direct: Path_, edge: Path_,
-                  seconds: float, warmup: int = 10, model: str = "") -> dict[str, Any]:
+                  seconds: float, warmup: int = 10, model: str = "", load: Load | None = None) -> dict[str, Any]:
     """One point: the same closed-loop load straight to Triton, then through the edge, and the ratios.
     Request i carries `size` inputs: item(i * size), item(i * size + 1), ... With `model` (its Triton
-    name), each path also reports what the model cost Triton (ModelMeter)."""
+    name), each path also reports what the model cost Triton (ModelMeter). With `load` and load
+    processes, they send the load (`load.task` returns closed_loop's result) instead of this process."""
     row: dict[str, Any] = {"items_per_request": size, "concurrency": concurrency}
     meter = CpuMeter()
     for name, path in (("direct_triton", direct), ("edge", edge)):
@@ -210,7 +257,12 @@ async def compare(size: int, concurrency: int, item: Callable[[int], str], direc
             if model_meter:
                 model_meter.start()
 
-        latencies, elapsed = await closed_loop(call, concurrency, seconds, warmup, started)
+        processes = load_processes() if load else None
+        if processes and load:
+            shares = await processes.run(load, name, concurrency, seconds, started)
+            latencies, elapsed = [t for share, _ in shares for t in share], max(e for _, e in shares)
+        else:
+            latencies, elapsed = await closed_loop(call, concurrency, seconds, warmup, started)
         row[name] = summarize(latencies, elapsed, size)
         if model_meter:
             row[name].update(model_meter.per(len(latencies)))
@@ -223,15 +275,106 @@ async def compare(size: int, concurrency: int, item: Callable[[int], str], direc
     return row
 
 
-def bench_main(doc: str | None, run: Callable[[float], Coroutine[Any, Any, dict[str, Any]]]) -> None:
-    """The benchmarks' command line: `--seconds`, JSON on stdout, progress on stderr."""
+@dataclass(frozen=True)
+class Load:
+    """A benchmark's load as a load process runs it: `task(ready, *args, path, concurrency, seconds)`, a
+    module-level coroutine function (a spawned process imports it) that opens its own clients, warms up,
+    calls `ready()` and measures `path` ("direct_triton" or "edge") at `concurrency` for `seconds`."""
+
+    task: Callable[..., Coroutine[Any, Any, Any]]
+    args: tuple[Any, ...]
+
+
+def _share(load: Load, barrier: Any, path: str, concurrency: int, seconds: float) -> Any:
+    """One load process's share of a point."""
+    return asyncio.run(load.task(lambda: barrier.wait(BARRIER_TIMEOUT_S), *load.args, path, concurrency, seconds))
+
+
+BARRIER_TIMEOUT_S = 300.0  # loading the clients, the tokenizer and the warm-up
+
+
+class LoadProcesses:
+    """`n` spawned processes (each its own event loop) that share each point's concurrency; every share
+    warms up, then all start together (a barrier, which the caller passes too before `started()`), so
+    that their measurement windows coincide. The caller merges what the shares return."""
+
+    def __init__(self, n: int) -> None:
+        context = multiprocessing.get_context("spawn")  # never fork a process with gRPC and event loops
+        self.n = n
+        self.manager = context.Manager()
+        self.pool = ProcessPoolExecutor(n, mp_context=context)
+
+    async def run(self, load: Load, path: str, concurrency: int, seconds: float,
+                  started: Callable[[], None]) -> list[Any]:
+        shares = [concurrency // self.n + (i < concurrency % self.n) for i in range(min(self.n, concurrency))]
+        barrier = self.manager.Barrier(len(shares) + 1)
+        loop = asyncio.get_running_loop()
+        futures = [loop.run_in_executor(self.pool, _share, load, barrier, path, share, seconds) for share in shares]
+        waiting = asyncio.ensure_future(asyncio.to_thread(barrier.wait, BARRIER_TIMEOUT_S))
+        while not waiting.done():
+            await asyncio.wait([waiting, *futures], return_when=asyncio.FIRST_COMPLETED)
+            if any(f.done() and f.exception() for f in futures):  # a share failed before it was ready
+                barrier.abort()
+                break
+        with contextlib.suppress(Exception):
+            await waiting
+        started()
+        return list(await asyncio.gather(*futures))
+
+    def close(self) -> None:
+        self.pool.shutdown(cancel_futures=True)
+        self.manager.shutdown()
+
+
+LOAD: dict[str, LoadProcesses] = {}  # the benchmark's load processes, when `--load-processes` asks for them
+
+
+def load_processes() -> LoadProcesses | None:
+    return LOAD.get("processes")
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def bench_main(doc: str | None, run: Callable[..., Coroutine[Any, Any, dict[str, Any]]],
+               arguments: Callable[[argparse.ArgumentParser], None] | None = None, load: bool = False) -> None:
+    """The benchmarks' command line: `--seconds`, the stack's processes, the demo models' Triton
+    configuration, JSON on stdout, progress on stderr. `arguments` adds a benchmark's own options, which
+    `run(seconds, **options)` receives; `load`: the benchmark takes `--load-processes`."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=10.0, help="measured time per point and path")
     parser.add_argument("--workers", type=parse_workers, default=1, metavar="N|auto",
                         help="edge workers and service replicas (default 1)")
     parser.add_argument("--edge-workers", type=parse_workers, metavar="N|auto", help="edge workers")
     parser.add_argument("--replicas", type=parse_workers, metavar="N|auto", help="replicas of the service")
+    triton = parser.add_argument_group("the demo models' Triton configuration (default: deploy/'s)")
+    triton.add_argument("--device", metavar="auto|cpu|cuda|cuda:N", help="their `device` parameter")
+    triton.add_argument("--triton-instances", type=_positive, metavar="N", help="their instance_group counts")
+    triton.add_argument("--max-batch", type=_positive, metavar="N",
+                        help="max_batch_size of the dynamically batched ones (the MiniLM models)")
+    triton.add_argument("--max-active", type=_positive, metavar="N", help="the LLMs' max_active_requests")
+    if load:
+        parser.add_argument("--load-processes", type=int, default=0, metavar="N",
+                            help="load processes sharing each point's concurrency (default 0: the benchmark's own)")
+    common = {action.dest for action in parser._actions}
+    if arguments:
+        arguments(parser)
     args = parser.parse_args()
     PROCESSES.update(edge=args.edge_workers or args.workers, services=args.replicas or args.workers)
-    result = asyncio.run(run(args.seconds))
-    print(json.dumps({**result, "processes": dict(PROCESSES), "cores": os.cpu_count()}, indent=2))
+    TRITON.update({key: value for key, value in (("device", args.device), ("instances", args.triton_instances),
+                                                 ("max_batch", args.max_batch), ("max_active", args.max_active))
+                   if value})
+    if getattr(args, "load_processes", 0) > 0:
+        LOAD["processes"] = LoadProcesses(args.load_processes)
+    options = {key: value for key, value in vars(args).items() if key not in common}
+    try:
+        result = asyncio.run(run(args.seconds, **options))
+    finally:
+        if "processes" in LOAD:
+            LOAD.pop("processes").close()
+    print(json.dumps({**result, "processes": dict(PROCESSES), "cores": os.cpu_count(), "triton": dict(TRITON),
+                      "load_processes": getattr(args, "load_processes", 0)}, indent=2))

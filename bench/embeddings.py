@@ -1,17 +1,21 @@
 """Embeddings throughput and latency: through the edge vs straight to Triton, same model, same inputs.
 
-    python bench/embeddings.py [--seconds 10] > result.json
+    python bench/embeddings.py [--seconds 10] [--points 1x1,1x8,1x32,16x1,16x8] > result.json
 
 Starts its own Triton (only the MiniLM model), embed service and edge on free ports. The direct path
 is what a minimal client would do: tokenize with the same tokenizer, one Triton request per HTTP
 request, normalise. Prints one JSON document; ratio = edge / direct.
 Each path also reports what the model cost Triton: its processes' CPU per request and the rows per
-model execution.
+model execution. On a GPU server: `--device`, `--triton-instances`, `--max-batch` and `--load-processes`
+(bench/common.py), and points with more in flight (docs/benchmarks.md, "On a GPU machine").
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +26,12 @@ from tritonclient.grpc.aio import InferenceServerClient
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import Path_, bench_main, compare, private_stack
+from bench.common import Load, Path_, bench_main, closed_loop, compare, private_stack
 from services.common.triton import make_input
 from tritongate.settings import default_models_dir
 
 MODEL = "all-minilm-l6-v2"
-WORKLOADS = [(1, 1), (1, 8), (1, 32), (16, 1), (16, 8)]  # (sentences per request, concurrency)
+WORKLOADS = "1x1,1x8,1x32,16x1,16x8"  # sentences per request x concurrency
 SUBJECTS = ["The committee", "A small bakery", "Our new intern", "The river", "That old laptop", "Every morning"]
 VERBS = ["approved the budget", "opened a second shop", "fixed the failing build", "flooded the valley",
          "refuses to boot", "starts with coffee"]
@@ -61,23 +65,58 @@ def edge_path(http: aiohttp.ClientSession, model: str) -> Path_:
     return edge
 
 
-async def run(seconds: float) -> dict[str, Any]:
+@asynccontextmanager
+async def paths(grpc_url: str, edge_url: str, tokenizer_path: str, connections: int) -> AsyncIterator[dict[str, Path_]]:
+    """Both paths, with their own clients."""
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+    triton = InferenceServerClient(grpc_url)
+    http = aiohttp.ClientSession(edge_url, connector=aiohttp.TCPConnector(limit=connections))
+    try:
+        yield {"direct_triton": direct_path(tokenizer, triton, MODEL), "edge": edge_path(http, MODEL)}
+    finally:
+        await http.close()
+        await triton.close()
+
+
+async def share(ready: Callable[[], None], grpc_url: str, edge_url: str, tokenizer_path: str, size: int,
+                path: str, concurrency: int, seconds: float) -> tuple[list[float], float]:
+    """A load process's share of a point (bench.common.Load)."""
+    async with paths(grpc_url, edge_url, tokenizer_path, max(concurrency, 1)) as both:
+        send = both[path]
+        return await closed_loop(lambda i: send([sentence(i * size + k) for k in range(size)]), concurrency,
+                                 seconds, started=ready)
+
+
+def parse_points(text: str) -> list[tuple[int, int]]:
+    """"1x1,16x8" -> [(1, 1), (16, 8)]: sentences per request x concurrency."""
+    try:
+        parsed = [tuple(int(n) for n in point.split("x")) for point in text.split(",") if point.strip()]
+    except ValueError:
+        parsed = []
+    if not parsed or any(len(p) != 2 or min(p) < 1 for p in parsed):
+        raise argparse.ArgumentTypeError(f"expected points like 1x1,16x8 (sentences x concurrency), got {text!r}")
+    return parsed  # type: ignore[return-value]
+
+
+def arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--points", type=parse_points, default=parse_points(WORKLOADS), metavar="SxC,...",
+                        help=f"sentences per request x concurrency (default {WORKLOADS})")
+
+
+async def run(seconds: float, points: list[tuple[int, int]]) -> dict[str, Any]:
     entry = {"name": MODEL, "path": str(default_models_dir() / MODEL), "max_tokens": 256,
              "output_name": "sentence_embedding"}
     with private_stack({"embedding": [entry]}, [MODEL]) as stack:
         assert stack.triton is not None
-        tokenizer = AutoTokenizer.from_pretrained(entry["path"])
-        triton = InferenceServerClient(stack.triton.grpc_url)
-        http = aiohttp.ClientSession(stack.edge_url, connector=aiohttp.TCPConnector(limit=64))
-        direct, edge = direct_path(tokenizer, triton, MODEL), edge_path(http, MODEL)
-        results = [
-            await compare(size, concurrency, sentence, direct, edge, seconds, model=MODEL)
-            for size, concurrency in WORKLOADS
-        ]
-        await http.close()
-        await triton.close()
+        connections = max(64, *(concurrency for _, concurrency in points))
+        async with paths(stack.triton.grpc_url, stack.edge_url, entry["path"], connections) as both:
+            results = [
+                await compare(size, concurrency, sentence, both["direct_triton"], both["edge"], seconds, model=MODEL,
+                              load=Load(share, (stack.triton.grpc_url, stack.edge_url, entry["path"], size)))
+                for size, concurrency in points
+            ]
     return {"benchmark": "embeddings", "model": MODEL, "seconds_per_point": seconds, "results": results}
 
 
 if __name__ == "__main__":
-    bench_main(__doc__, run)
+    bench_main(__doc__, run, arguments, load=True)

@@ -1,7 +1,7 @@
 """Streaming generation: time to first token and streamed tokens/s, through the edge vs straight to
 Triton over gRPC, same model, same prompts, in one run.
 
-    python bench/streaming.py [--seconds 10] > result.json
+    python bench/streaming.py [--seconds 10] [--echo-streams 1,16,64] [--llm-streams 1,4] > result.json
 
 Starts its own Triton (the echo model of each Triton LLM interface from the test repository, and the
 SmolLM2 demo), llm service and edge on free ports. The echo models are deterministic and cost nothing
@@ -17,10 +17,14 @@ the new tokens; TensorRT-LLM, token ids in, decode each response's new `output_i
 with "stream": true. Each point runs closed-loop for
 `--seconds` per path; tokens are counted as they arrive within that window (requests still running
 at its end finish uncounted). Prints one JSON document; ratio = edge / direct.
+
+On a GPU server: `--device`, `--max-active` and `--load-processes` (bench/common.py), SmolLM2 at more
+streams and tokens (`--echo-streams "" --llm-streams 1,16,64,256 --llm-max-tokens 128`; docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import bisect
 import itertools
@@ -40,7 +44,7 @@ from tritonclient.grpc.aio import InferenceServerClient
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import CpuMeter, bench_main, private_stack, ratio
+from bench.common import CpuMeter, Load, bench_main, load_processes, private_stack, ratio
 from services.common.triton import make_input
 from tritongate.settings import default_models_dir
 
@@ -48,8 +52,8 @@ ROOT = Path(__file__).resolve().parent.parent
 SMOLLM2 = "smollm2-135m-instruct"
 ECHOES = ("ft-echo", "trtllm-echo", "trtllm-text-echo", "vllm-echo")  # one per interface, as their backends
 PROMPT = "The quick brown fox jumps over the lazy dog while the cat watches from the warm windowsill"
-POINTS = [*((echo, streams) for echo in ECHOES for streams in (1, 16, 64)), (SMOLLM2, 1), (SMOLLM2, 4)]
-MAX_TOKENS = {**dict.fromkeys(ECHOES, 64), SMOLLM2: 32}
+ECHO_STREAMS, LLM_STREAMS = "1,16,64", "1,4"  # the points: concurrent streams per echo model, for SmolLM2
+MAX_TOKENS = {**dict.fromkeys(ECHOES, 64), SMOLLM2: 32}  # per request (SmolLM2's: --llm-max-tokens)
 
 OnTokens = Callable[[int], None]
 Stream = Callable[[OnTokens], Awaitable[None]]
@@ -76,6 +80,11 @@ class _Request:
 
 async def measure(stream: Stream, concurrency: int, seconds: float) -> dict[str, Any]:
     """`concurrency` workers stream one request after another for `seconds`."""
+    return summary(*await stream_load(stream, concurrency, seconds), seconds)
+
+
+async def stream_load(stream: Stream, concurrency: int, seconds: float) -> tuple[int, list[float]]:
+    """The tokens counted in the window and the times to first token."""
     tokens = 0
     ttfts: list[float] = []
     deadline = time.perf_counter() + seconds
@@ -96,6 +105,10 @@ async def measure(stream: Stream, concurrency: int, seconds: float) -> dict[str,
     for task in late:
         task.cancel()
     await asyncio.gather(*workers, return_exceptions=True)
+    return tokens, ttfts
+
+
+def summary(tokens: int, ttfts: list[float], seconds: float) -> dict[str, Any]:
     ordered = sorted(ttfts)
     return {
         "tokens_per_s": round(tokens / seconds, 1),
@@ -105,10 +118,10 @@ async def measure(stream: Stream, concurrency: int, seconds: float) -> dict[str,
     }
 
 
-def direct_request(tokenizer: Any, model: str) -> tuple[dict[str, np.ndarray], list[str], Callable[[Any], int]]:
+def direct_request(tokenizer: Any, model: str, max_tokens: int) -> tuple[dict[str, np.ndarray], list[str],
+                                                                          Callable[[Any], int]]:
     """One request on `model`'s interface: its tensors, its outputs, and a counter of the new tokens in
     each response (decoding them as a client would)."""
-    max_tokens = MAX_TOKENS[model]
     if model in ("trtllm-text-echo", "vllm-echo"):
         count = EchoTokens(tokenizer)  # the echo's text repeats the prompt's tokens
 
@@ -153,9 +166,9 @@ def direct_request(tokenizer: Any, model: str) -> tuple[dict[str, np.ndarray], l
             ["output_ids", "sequence_length"], diff)
 
 
-def direct_stream(triton: InferenceServerClient, tokenizer: Any, model: str) -> Stream:
+def direct_stream(triton: InferenceServerClient, tokenizer: Any, model: str, max_tokens: int) -> Stream:
     async def stream(on_tokens: OnTokens) -> None:
-        tensors, outputs, count = direct_request(tokenizer, model)
+        tensors, outputs, count = direct_request(tokenizer, model, max_tokens)
 
         async def requests() -> AsyncIterator[dict[str, Any]]:
             yield {"model_name": model, "inputs": [make_input(k, v) for k, v in tensors.items()],
@@ -190,9 +203,9 @@ class EchoTokens:
         return self.tokens - before
 
 
-def edge_stream(http: aiohttp.ClientSession, tokenizer: Any, model: str) -> Stream:
+def edge_stream(http: aiohttp.ClientSession, tokenizer: Any, model: str, max_tokens: int) -> Stream:
     """A chunk can carry several tokens (the llm service joins what a slow reader has not taken yet)."""
-    body = {"model": model, "prompt": PROMPT, "max_tokens": MAX_TOKENS[model], "temperature": 0, "stream": True}
+    body = {"model": model, "prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0, "stream": True}
 
     async def stream(on_tokens: OnTokens) -> None:
         count: Callable[[str], int] = EchoTokens(tokenizer) if model in ECHOES else \
@@ -206,24 +219,74 @@ def edge_stream(http: aiohttp.ClientSession, tokenizer: Any, model: str) -> Stre
     return stream
 
 
-async def run(seconds: float) -> dict[str, Any]:
+def http_session(edge_url: str, connections: int) -> aiohttp.ClientSession:
+    return aiohttp.ClientSession(edge_url, connector=aiohttp.TCPConnector(limit=connections),
+                                 timeout=aiohttp.ClientTimeout(total=None))
+
+
+async def share(ready: Callable[[], None], grpc_url: str, edge_url: str, tokenizer_path: str, model: str,
+                max_tokens: int, path: str, concurrency: int, seconds: float) -> tuple[int, list[float]]:
+    """A load process's share of a point (bench.common.Load): its own clients, a warm-up, the window."""
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+    triton, http = InferenceServerClient(grpc_url), http_session(edge_url, max(concurrency, 1))
+    try:
+        stream = direct_stream(triton, tokenizer, model, max_tokens) if path == "direct_triton" else \
+            edge_stream(http, tokenizer, model, max_tokens)
+        await measure(stream, 1, 1.0)  # warm up
+        ready()
+        return await stream_load(stream, concurrency, seconds)
+    finally:
+        await http.close()
+        await triton.close()
+
+
+def streams(text: str) -> list[int]:
+    """"1,16,64" -> [1, 16, 64]; "" -> [] (none)."""
+    try:
+        parsed = [int(n) for n in text.split(",") if n.strip()]
+    except ValueError:
+        parsed = [0]
+    if any(n < 1 for n in parsed):
+        raise argparse.ArgumentTypeError(f"expected stream counts like 1,16,64, got {text!r}")
+    return parsed
+
+
+def arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--echo-streams", type=streams, default=streams(ECHO_STREAMS), metavar="N,...",
+                        help=f"concurrent streams per echo model (default {ECHO_STREAMS}; \"\": no echo model)")
+    parser.add_argument("--llm-streams", type=streams, default=streams(LLM_STREAMS), metavar="N,...",
+                        help=f"concurrent streams on SmolLM2 (default {LLM_STREAMS}; \"\": none)")
+    parser.add_argument("--llm-max-tokens", type=int, default=MAX_TOKENS[SMOLLM2], metavar="N",
+                        help=f"tokens per SmolLM2 request (default {MAX_TOKENS[SMOLLM2]})")
+
+
+async def run(seconds: float, echo_streams: list[int], llm_streams: list[int], llm_max_tokens: int) -> dict[str, Any]:
+    points = [*((echo, n) for echo in ECHOES for n in echo_streams), *((SMOLLM2, n) for n in llm_streams)]
+    max_tokens = {**MAX_TOKENS, SMOLLM2: llm_max_tokens}
+    models = list(dict.fromkeys(model for model, _ in points))
     smollm2 = str(default_models_dir() / SMOLLM2)
-    entries = [{"name": name, "path": smollm2} for name in (*ECHOES, SMOLLM2)]  # backends detected
-    with private_stack({"llm": entries}, [*ECHOES, SMOLLM2], (ROOT / "tests" / "triton_models",)) as stack:
+    entries = [{"name": name, "path": smollm2} for name in models]  # backends detected
+    with private_stack({"llm": entries}, models, (ROOT / "tests" / "triton_models",)) as stack:
         assert stack.triton is not None
         tokenizer = AutoTokenizer.from_pretrained(smollm2)
         triton = InferenceServerClient(stack.triton.grpc_url)
-        http = aiohttp.ClientSession(stack.edge_url, connector=aiohttp.TCPConnector(limit=128),
-                                     timeout=aiohttp.ClientTimeout(total=None))
+        http = http_session(stack.edge_url, max([128, *(n for _, n in points)]))
+        processes = load_processes()
         results = []
-        for model, concurrency in POINTS:
-            row: dict[str, Any] = {"model": model, "streams": concurrency, "max_tokens": MAX_TOKENS[model]}
+        for model, concurrency in points:
+            row: dict[str, Any] = {"model": model, "streams": concurrency, "max_tokens": max_tokens[model]}
             meter = CpuMeter()
-            for name, stream in (("direct_triton", direct_stream(triton, tokenizer, model)),
-                                 ("edge", edge_stream(http, tokenizer, model))):
-                await measure(stream, 1, 1.0)  # warm up
-                meter.start()
-                row[name] = await measure(stream, concurrency, seconds)
+            for name, stream in (("direct_triton", direct_stream(triton, tokenizer, model, max_tokens[model])),
+                                 ("edge", edge_stream(http, tokenizer, model, max_tokens[model]))):
+                if processes:
+                    load = Load(share, (stack.triton.grpc_url, stack.edge_url, smollm2, model, max_tokens[model]))
+                    shares = await processes.run(load, name, concurrency, seconds, meter.start)
+                    row[name] = summary(sum(tokens for tokens, _ in shares),
+                                        [ttft for _, ttfts in shares for ttft in ttfts], seconds)
+                else:
+                    await measure(stream, 1, 1.0)  # warm up
+                    meter.start()
+                    row[name] = await measure(stream, concurrency, seconds)
                 await asyncio.sleep(1.0)  # a pause between points
             row["cpu_us_per_token"] = meter.per(int(row["edge"]["tokens_per_s"] * seconds))
             row["tokens_per_s_ratio"] = ratio(row["edge"]["tokens_per_s"], row["direct_triton"]["tokens_per_s"])
@@ -238,4 +301,4 @@ async def run(seconds: float) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    bench_main(__doc__, run)
+    bench_main(__doc__, run, arguments, load=True)

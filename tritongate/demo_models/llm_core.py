@@ -1,4 +1,5 @@
-"""The generation core every demo LLM model shares: SmolLM2-135M-Instruct in transformers on the CPU.
+"""The generation core every demo LLM model shares: SmolLM2-135M-Instruct in transformers, on the CPU
+or a GPU (the `device` parameter, tritongate/demo_models/device.py).
 
 The four demo LLM Triton models (`deploy/triton/smollm2-135m-instruct`, FasterTransformer's tensor
 interface, and the TensorRT-LLM, TensorRT-LLM ensemble and vLLM ones in `deploy/triton-llm-backends/`)
@@ -21,7 +22,14 @@ under load: each row's attention runs on its own keys and values (`row_attention
 sequence decoded alone, not on the padded batch with a mask (the kernel, the reduction length and order
 would change with the padding); the bfloat16 matrix products compute every row the same whatever the
 number of rows. (float32's do not: its matrix-vector and matrix-matrix kernels round differently, so a
-near-tie greedy choice can differ alone and batched.)
+near-tie greedy choice can differ alone and batched. On a GPU, whose kernels depend on the shapes, this
+is not promised either.)
+
+Devices: the weights, the KV cache and every tensor fed to the model live on `Engine.device`; the
+last-position logits come back to the CPU once per step, and choosing the tokens (penalties, grammar
+masks, sampling with each request's seeded CPU `torch.Generator`) runs there, as on a CPU-only machine:
+a seed picks the same tokens from the same logits on either device, the grammar's bitmask is applied by
+xgrammar's CPU kernel, and the per-token Python work does not wait on a GPU sync for each small op.
 
 This module runs inside Triton's Python backend, also in the official Triton image (Python 3.10, where
 deploy/triton/Dockerfile copies this package): torch and transformers are imported when an Engine is
@@ -138,11 +146,14 @@ def model_path() -> str:
     return path
 
 
-def load_engine(name: str, parameters: dict[str, str], log: Log) -> Engine:
-    """The engine for a model, from its config.pbtxt parameters (dtype, torch_threads,
-    max_active_requests, prefill_chunk_tokens)."""
+def load_engine(name: str, parameters: dict[str, str], log: Log, args: dict[str, Any] | None = None) -> Engine:
+    """The engine for a model, from its config.pbtxt parameters (device, dtype, torch_threads,
+    max_active_requests, prefill_chunk_tokens) and Triton's `initialize` args (a KIND_GPU instance's GPU)."""
+    from tritongate.demo_models.device import placement
+
+    device, dtype = placement(parameters, cpu_dtype="bfloat16", cuda_dtype="bfloat16", args=args)
     return Engine(
-        model_path(), name=name, log=log, dtype=parameters.get("dtype") or "bfloat16",
+        model_path(), name=name, log=log, device=device, dtype=dtype,
         torch_threads=int(parameters.get("torch_threads") or 1),
         max_active=int(parameters.get("max_active_requests") or 8),
         prefill_chunk=int(parameters.get("prefill_chunk_tokens") or 256),
@@ -152,8 +163,8 @@ def load_engine(name: str, parameters: dict[str, str], log: Log) -> Engine:
 class Engine:
     """The model and the worker thread that generates every submitted sequence."""
 
-    def __init__(self, path: str, *, name: str, log: Log, dtype: str = "bfloat16", torch_threads: int = 1,
-                 max_active: int = 8, prefill_chunk: int = 256) -> None:
+    def __init__(self, path: str, *, name: str, log: Log, device: Any = "cpu", dtype: Any = "bfloat16",
+                 torch_threads: int = 1, max_active: int = 8, prefill_chunk: int = 256) -> None:
         import torch
         from transformers import AutoModelForCausalLM, DynamicCache
 
@@ -162,9 +173,12 @@ class Engine:
         self.cache_class: Any = DynamicCache
         self.torch_threads, self.max_active, self.prefill_chunk = torch_threads, max_active, prefill_chunk
         torch.set_num_threads(torch_threads)
+        self.device = torch.device(device)
+        dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
         started = time.monotonic()
-        self.model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype),
+        self.model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=dtype,
                                                                attn_implementation=row_attention()).eval()
+        self.model.to(self.device)
         eos = self.model.generation_config.eos_token_id
         if eos is None:
             eos = self.model.config.eos_token_id
@@ -172,18 +186,19 @@ class Engine:
         self.max_positions = int(self.model.config.max_position_embeddings)
         self.vocab_size = int(self.model.config.vocab_size)
         with torch.inference_mode():  # warm up, so that the first request is not the slow one
-            self.model(input_ids=torch.tensor([[self.eos_id]]), use_cache=False)
+            self.model(input_ids=torch.tensor([[self.eos_id]], device=self.device), use_cache=False)
 
         from tritongate.demo_models.guided import GrammarCompiler
 
         self.grammars = GrammarCompiler(path, self.vocab_size)
         self.pending: queue.Queue[Sequence | None] = queue.Queue()
         self.prefilling: list[Sequence] = []  # admitted, prompt not fully processed yet
-        self.batch = Batch(torch, DynamicCache, self.model.config)
+        self.batch = Batch(torch, DynamicCache, self.model.config, self.device)
         self.stopping = threading.Event()
         self.worker = threading.Thread(target=self._work, name=f"{name}-worker", daemon=True)
         self.worker.start()
-        log(f"{name}: loaded {path} ({dtype}, end id {self.eos_id}) in {time.monotonic() - started:.1f} s")
+        log(f"{name}: loaded {path} on {self.device} ({dtype}, end id {self.eos_id}) in "
+            f"{time.monotonic() - started:.1f} s")
 
     def compile_guide(self, kind: str, guide: str) -> Any:
         """A guided-decoding guide as a grammar for Sampling.grammar; RequestError when it does not compile."""
@@ -237,6 +252,7 @@ class Engine:
             seed = seq.sampling.seed
             if seed is None:
                 seed = int.from_bytes(os.urandom(8), "little")
+            # on the CPU, with the logits it samples from (see the module's docstring)
             seq.generator = self.torch.Generator().manual_seed(seed % (1 << 64))
             if seq.sampling.grammar is not None:
                 from tritongate.demo_models.guided import Matcher
@@ -253,13 +269,13 @@ class Engine:
         try:
             done = seq.cache.get_seq_length()
             chunk = seq.prompt[done:done + self.prefill_chunk]
-            out = self.model(input_ids=self.torch.tensor([chunk]), past_key_values=seq.cache, use_cache=True,
-                             logits_to_keep=1)
+            out = self.model(input_ids=self.torch.tensor([chunk], device=self.device), past_key_values=seq.cache,
+                             use_cache=True, logits_to_keep=1)
             if done + len(chunk) < len(seq.prompt):
                 return
             self.prefilling.pop(0)
             cache, seq.cache = seq.cache, None
-            if not self._advance(seq, out.logits[0, -1].float()):
+            if not self._advance(seq, out.logits[0, -1].float().cpu()):
                 self.batch.add(seq, cache)
         except Exception as exc:
             if seq in self.prefilling:
@@ -294,6 +310,7 @@ class Engine:
         return seq.owner.on_token(seq, reason) is not None
 
     def _choose(self, logits: Any, seq: Sequence) -> int:
+        """`logits` [vocab] are on the CPU, so every tensor made here is too."""
         torch, s, tokens = self.torch, seq.sampling, seq.tokens
         if s.bias is not None:
             logits = logits + torch.from_numpy(s.bias)
@@ -396,8 +413,8 @@ class Batch:
     appends one position to every row, and each row's attention starts after its padding (`row_attention`).
     """
 
-    def __init__(self, torch: Any, cache_class: Any, config: Any) -> None:
-        self.torch, self.cache_class, self.config = torch, cache_class, config
+    def __init__(self, torch: Any, cache_class: Any, config: Any, device: Any = "cpu") -> None:
+        self.torch, self.cache_class, self.config, self.device = torch, cache_class, config, device
         self.seqs: list[Sequence] = []
         self.pads: list[int] = []
         self.cache: Any = None
@@ -427,19 +444,19 @@ class Batch:
         if not rows:
             self.cache = None
             return
-        index, trim = self.torch.tensor(rows), min(self.pads)
+        index, trim = self.torch.tensor(rows, device=self.device), min(self.pads)
         layers = [(layer.keys[index, :, trim:], layer.values[index, :, trim:]) for layer in self.cache.layers]
         self.cache = self.cache_class(ddp_cache_data=layers, config=self.config)
         self.pads = [p - trim for p in self.pads]
 
     def step(self, model: Any) -> Any:
-        """One decoding step for every row; returns the last-position logits [rows, vocab]."""
+        """One decoding step for every row; returns the last-position logits [rows, vocab] on the CPU."""
         torch, length = self.torch, self.cache.get_seq_length()
-        input_ids = torch.tensor([[seq.tokens[-1]] for seq in self.seqs])
-        positions = torch.tensor([[length - pad] for pad in self.pads])
+        input_ids = torch.tensor([[seq.tokens[-1]] for seq in self.seqs], device=self.device)
+        positions = torch.tensor([[length - pad] for pad in self.pads], device=self.device)
         out = model(input_ids=input_ids, position_ids=positions, past_key_values=self.cache, use_cache=True,
                     row_starts=self.pads)
-        return out.logits[:, -1].float()
+        return out.logits[:, -1].float().cpu()
 
     def _pad(self, tensor: Any, n: int) -> Any:
         if n == 0:

@@ -80,9 +80,9 @@ class TritonPythonModel:
         self.incremental = params.get("streaming_decode", "incremental") != "per_response"
         self.exclude_input = _flag(params, "exclude_input_in_output", "false")
         try:
-            self.engine = load_engine(args["model_name"], params, pb_utils.Logger.log_info)
+            self.engine = load_engine(args["model_name"], params, pb_utils.Logger.log_info, args)
             self.tokenizer = load_tokenizer()
-        except RuntimeError as exc:
+        except (RuntimeError, ValueError) as exc:  # no weights, or an unusable device or dtype
             raise pb_utils.TritonModelException(f"{args['model_name']}: {exc}") from exc
         tokenizer = self.tokenizer
         self.end_id = tokenizer.encode(tokenizer.eos_token, add_special_tokens=False)[0]

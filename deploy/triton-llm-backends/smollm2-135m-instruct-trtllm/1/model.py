@@ -51,8 +51,8 @@ class TritonPythonModel:
         params = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
         self.exclude_input = params.get("exclude_input_in_output", "false").lower() in ("true", "1", "yes")
         try:
-            self.engine = load_engine(args["model_name"], params, pb_utils.Logger.log_info)
-        except RuntimeError as exc:
+            self.engine = load_engine(args["model_name"], params, pb_utils.Logger.log_info, args)
+        except (RuntimeError, ValueError) as exc:  # no weights, or an unusable device or dtype
             raise pb_utils.TritonModelException(f"{args['model_name']}: {exc}") from exc
         self.active = {}  # Triton request id -> its running requests, for `stop`
         self.lock = threading.Lock()

@@ -304,9 +304,9 @@ class TritonPythonModel:
         params = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
         self.max_logprobs = int(params.get("max_logprobs") or 20)
         try:
-            self.engine = load_engine(self.name, params, pb_utils.Logger.log_info)
+            self.engine = load_engine(self.name, params, pb_utils.Logger.log_info, args)
             self.tokenizer = load_tokenizer()
-        except RuntimeError as exc:
+        except (RuntimeError, ValueError) as exc:  # no weights, or an unusable device or dtype
             raise pb_utils.TritonModelException(f"{self.name}: {exc}") from exc
 
     def execute(self, requests):

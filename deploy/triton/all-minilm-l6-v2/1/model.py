@@ -1,9 +1,11 @@
 import os
+import site
 import sys
 
 _site = os.environ.get("TRITONGATE_SITE_PACKAGES")
-if _site:  # the Python-backend stub runs the base interpreter; use the venv's packages first
-    sys.path.insert(0, _site)
+if _site:  # the Python-backend stub runs the base interpreter: the venv's packages first, and its .pth
+    sys.path.insert(0, _site)  # files (an editable install of tritongate) through site.addsitedir
+    site.addsitedir(_site)
 
 import json
 
@@ -11,6 +13,8 @@ import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
 from transformers import AutoModel
+
+from tritongate.demo_models.device import placement
 
 
 class TritonPythonModel:
@@ -23,7 +27,12 @@ class TritonPythonModel:
         if not os.path.isdir(path):
             raise pb_utils.TritonModelException(f"model folder {path} not found: run `tritongate models fetch`")
         torch.set_num_threads(1)
-        self.model = AutoModel.from_pretrained(path).eval()
+        params = {k: v.get("string_value", "") for k, v in config["parameters"].items()}
+        try:  # the CPU in float32, or a GPU in float16 (the `device` and `dtype` parameters)
+            self.device, dtype = placement(params, cpu_dtype="float32", cuda_dtype="float16", args=args)
+        except ValueError as exc:
+            raise pb_utils.TritonModelException(f"{args['model_name']}: {exc}") from exc
+        self.model = AutoModel.from_pretrained(path, dtype=dtype).eval().to(self.device)
 
     def execute(self, requests):
         batch = []
@@ -42,12 +51,13 @@ class TritonPythonModel:
             for target, source in zip(padded, tensors, strict=True):
                 target[row:row + n, :length] = source
             row += n
-        ids, mask, types = (torch.from_numpy(a) for a in padded)
+        ids, mask, types = (torch.from_numpy(a).to(self.device) for a in padded)
         with torch.inference_mode():
             hidden = self.model(input_ids=ids, attention_mask=mask, token_type_ids=types).last_hidden_state
+            hidden = hidden.float()  # the outputs are FP32; pooling in float32 whatever the model's dtype
             weights = mask.unsqueeze(-1).to(hidden.dtype)
             pooled = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1e-9)
-        hidden, pooled = hidden.numpy(), pooled.numpy()
+        hidden, pooled = hidden.cpu().numpy(), pooled.cpu().numpy()
 
         responses, row = [], 0
         for request, (ids, _, _) in zip(requests, batch, strict=True):

@@ -1,9 +1,11 @@
 import os
+import site
 import sys
 
 _site = os.environ.get("TRITONGATE_SITE_PACKAGES")
-if _site:  # the Python-backend stub runs the base interpreter; use the venv's packages first
-    sys.path.insert(0, _site)
+if _site:  # the Python-backend stub runs the base interpreter: the venv's packages first, and its .pth
+    sys.path.insert(0, _site)  # files (an editable install of tritongate) through site.addsitedir
+    site.addsitedir(_site)
 
 # Demo reranker on the cross-encoder tensor interface, built on the MiniLM-L6 bi-encoder.
 #
@@ -28,6 +30,8 @@ import torch.nn.functional as F
 import triton_python_backend_utils as pb_utils
 from transformers import AutoModel, AutoTokenizer
 
+from tritongate.demo_models.device import placement
+
 ENCODER_DIR = "all-minilm-l6-v2"  # under $TRITONGATE_MODELS_DIR
 
 
@@ -37,8 +41,13 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
         path = os.path.join(os.environ["TRITONGATE_MODELS_DIR"], ENCODER_DIR)
+        try:  # the CPU in float32, or a GPU in float16 (the `device` and `dtype` parameters)
+            device, dtype = placement(params, cpu_dtype="float32", cuda_dtype="float16", args=args)
+        except ValueError as exc:
+            raise pb_utils.TritonModelException(f"{args['model_name']}: {exc}") from exc
         self.scorer = Scorer(
-            path, params.get("encoding", "pair"), float(params.get("scale", 20.0)), float(params.get("bias", -16.0))
+            path, params.get("encoding", "pair"), float(params.get("scale", 20.0)), float(params.get("bias", -16.0)),
+            device, dtype,
         )
 
     def execute(self, requests):
@@ -68,11 +77,12 @@ def _input(request, name):
 class Scorer:
     """The model without Triton: takes per-request int64 arrays, returns per-request fp32 logits."""
 
-    def __init__(self, path, encoding, scale, bias):
+    def __init__(self, path, encoding, scale, bias, device="cpu", dtype=torch.float32):
         if encoding not in ("pair", "separate"):
             raise ValueError(f"parameter 'encoding' must be 'pair' or 'separate', got {encoding!r}")
         tokenizer = AutoTokenizer.from_pretrained(path)
-        self.encoder = AutoModel.from_pretrained(path).eval()
+        self.device = torch.device(device)
+        self.encoder = AutoModel.from_pretrained(path, dtype=dtype).eval().to(self.device)
         self.max_len = self.encoder.config.max_position_embeddings
         self.cls_id, self.sep_id = tokenizer.cls_token_id, tokenizer.sep_token_id
         self.encoding, self.scale, self.bias = encoding, scale, bias
@@ -94,7 +104,7 @@ class Scorer:
         ids, mask, types = (
             torch.from_numpy(
                 np.concatenate([_pad(r[k] if r[k] is not None else self._types(r[0]), width) for r in requests])
-            )
+            ).to(self.device)
             for k in range(3)
         )
         in_doc = mask.bool() & (types == 1)
@@ -106,7 +116,7 @@ class Scorer:
             query_vecs, doc_vecs = self._encode_queries(ids, in_query), self._encode_docs(ids, in_doc)
         logits = self.scale * F.cosine_similarity(query_vecs, doc_vecs) + self.bias
         sizes = [r[0].shape[0] for r in requests]
-        return [part.numpy().astype(np.float32) for part in torch.split(logits, sizes)]
+        return [part.cpu().numpy().astype(np.float32) for part in torch.split(logits, sizes)]
 
     def _types(self, ids):
         """token_type_ids as the tokenizer makes them: 1 after the first [SEP]."""
@@ -123,8 +133,8 @@ class Scorer:
         # The document segment `d [SEP]` gets a [CLS] in front, as if it had been tokenized alone.
         rows = [torch.cat([ids.new_tensor([self.cls_id]), row[keep]]) for row, keep in zip(ids, in_doc, strict=True)]
         docs = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True)
-        lengths = torch.tensor([len(r) for r in rows])
-        return self._embed(docs, (torch.arange(docs.shape[1]) < lengths[:, None]).long())
+        lengths = torch.tensor([len(r) for r in rows], device=self.device)
+        return self._embed(docs, (torch.arange(docs.shape[1], device=self.device) < lengths[:, None]).long())
 
     def _embed(self, ids, mask):
         hidden = self.encoder(input_ids=ids, attention_mask=mask).last_hidden_state
@@ -136,5 +146,6 @@ def _pad(array, width):
 
 
 def _mean(hidden, keep):
+    hidden = hidden.float()  # pooling and the cosine in float32 whatever the encoder's dtype
     keep = keep.unsqueeze(-1).to(hidden.dtype)
     return (hidden * keep).sum(1) / keep.sum(1).clamp(min=1)

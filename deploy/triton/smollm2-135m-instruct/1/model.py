@@ -152,8 +152,8 @@ class TritonPythonModel:
         params = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
         self.trim_output = params.get("output_ids_width", "request") == "sequence"
         try:
-            self.engine = load_engine(self.name, params, pb_utils.Logger.log_info)
-        except RuntimeError as exc:
+            self.engine = load_engine(self.name, params, pb_utils.Logger.log_info, args)
+        except (RuntimeError, ValueError) as exc:  # no weights, or an unusable device or dtype
             raise pb_utils.TritonModelException(f"{self.name}: {exc}") from exc
 
     def execute(self, requests):
