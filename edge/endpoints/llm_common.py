@@ -15,6 +15,7 @@ from tritongate.llm.v1 import llm_pb2
 from tritongate.wire import MAX_N, MAX_STOPS
 
 FLOAT32_MAX = 3.4028234e38
+FLOAT32_TINY = 1.1754944e-38  # the smallest normal float32: a positive penalty stays positive on the wire
 
 Temperature = Annotated[float, Field(ge=0, le=2)]
 TopP = Annotated[float, Field(ge=0, le=1)]
@@ -23,7 +24,7 @@ N = Annotated[int, Field(ge=1, le=MAX_N)]  # each model's own `max_n` is the llm
 Seed = Annotated[int, Field(ge=-(2**63), lt=2**64)]
 TopK = Annotated[int, Field(ge=-1, le=UINT32_MAX)]  # -1 (vLLM) and 0 both mean no limit
 # Sent as float32: a larger value would arrive as infinity.
-RepetitionPenalty = Annotated[float, Field(gt=0, le=FLOAT32_MAX)]
+RepetitionPenalty = Annotated[float, Field(ge=FLOAT32_TINY, le=FLOAT32_MAX)]
 # What the validators below accept, as /openapi.json declares it.
 _STOP = {"type": "string", "minLength": 1}
 Stop = Annotated[Any, WithJsonSchema({"anyOf": [_STOP, {"type": "array", "maxItems": MAX_STOPS, "items": _STOP},

@@ -169,8 +169,9 @@ def _bad_requests() -> list[tuple[str, dict[str, Any], int, str | None]]:
         ("missing messages", {"messages": None}, 400, "messages"),
         ("unknown role", {"messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages[0].role"),
         ("missing content", {"messages": [{"role": "user"}]}, 400, "messages[0].content"),
-        ("image part", {"messages": [{"role": "user", "content": [
-            {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}]}]}, 400, "messages[0].content"),
+        ("image for a model without image input", {"messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}]}]}, 400,
+         "messages[0].content[0].image_url.url"),
         ("n 0", {"messages": hi, "n": 0}, 400, "n"),
         ("n 17", {"messages": hi, "n": 17}, 400, "n"),
         ("temperature -1", {"messages": hi, "temperature": -1}, 400, "temperature"),

@@ -28,6 +28,7 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from launcher.stack import LocalStack
+from tests.support.anthropic_schema import validate_count, validate_error, validate_event, validate_message
 from tests.support.openai_schema import validate
 from tests.support.streams import parse_events, validate_completion_chunk
 
@@ -42,6 +43,8 @@ REAL_MODELS = {
     "/rerank": "minilm-rerank",
     "/v1/ranking": "minilm-rerank",
     "/embed": "all-minilm-l6-v2",
+    "/v1/messages": "ft-echo",
+    "/v1/messages/count_tokens": "ft-echo",
     "/v1/responses": "ft-echo",
     "/v1/chat/interactive": "ft-echo",
     "/tokenize": "ft-echo",
@@ -49,7 +52,8 @@ REAL_MODELS = {
 }
 # Each generation endpoint's cap on the tokens to generate.
 TOKEN_CAPS = {"/v1/chat/completions": ("max_tokens", "max_completion_tokens"), "/v1/completions": ("max_tokens",),
-              "/v1/responses": ("max_output_tokens",), "/v1/chat/interactive": ("request_output_len",)}
+              "/v1/responses": ("max_output_tokens",), "/v1/chat/interactive": ("request_output_len",),
+              "/v1/messages": ("max_tokens",)}
 MAX_GENERATED_TOKENS = 8
 ERROR_KEYS = {"message", "type", "param", "code"}
 
@@ -60,10 +64,11 @@ OPERATIONS = [("GET", "/v1/models"), ("GET", "/v1/models/{model_id}"), ("POST", 
               ("GET", "/v1/health/ready"), ("GET", "/health/live"), ("GET", "/v1/health/live"),
               ("POST", "/v1/responses"), ("GET", "/v1/responses/{response_id}"), ("POST", "/v1/chat/interactive"),
               ("POST", "/tokenize"), ("POST", "/detokenize"), ("POST", "/v1/ranking"), ("GET", "/info"),
-              ("POST", "/embed")]
+              ("POST", "/embed"), ("POST", "/v1/messages"), ("POST", "/v1/messages/count_tokens")]
 # Hugging Face TEI's routes answer TEI's error body; /rerank and /tokenize do for a TEI body (`texts`, `inputs`).
 TEI_PATHS = {"/info", "/embed"}
 ERROR_SCHEMAS = ({"$ref": "#/components/schemas/ErrorResponse"}, {"$ref": "#/components/schemas/TEIErrorResponse"})
+ANTHROPIC_ERROR_SCHEMA = {"$ref": "#/components/schemas/AnthropicError"}  # Anthropic's routes, /v1/messages...
 MAX_EXAMPLES = 40  # per operation, valid and invalid requests together
 
 
@@ -85,17 +90,26 @@ def _utf8(value: Any) -> Any:
 
 def _with_real_model(case: schemathesis.Case) -> None:
     """The generated request for a model that exists, in valid UTF-8, so that it gets past the parser and
-    the model lookup; generation asks for a few tokens at most."""
+    the model lookup."""
     if case.operation.path == "/v1/models/{model_id}":
         case.path_parameters = {"model_id": REAL_MODELS["/v1/embeddings"]}
     model = REAL_MODELS.get(case.operation.path)
-    if model is None or not isinstance(case.body, dict):
+    if model is not None and isinstance(case.body, dict):
+        case.body = {**_utf8(case.body), "model": model}
+
+
+def _few_tokens(case: schemathesis.Case) -> None:
+    """Generation asks for a few tokens at most, whatever the model (a request without one goes to the
+    default LLM, the real SmolLM2 on this CPU); larger counts that do not fit the wire stay: the edge must
+    refuse them."""
+    caps = TOKEN_CAPS.get(case.operation.path, ())
+    if not caps or not isinstance(case.body, dict):
         return
-    body = {**_utf8(case.body), "model": model}
-    for key in TOKEN_CAPS.get(case.operation.path, ()):
+    body = dict(case.body)
+    for key in caps:
         value = body.get(key)
         if not isinstance(value, int) or isinstance(value, bool) or MAX_GENERATED_TOKENS < value < 2**32:
-            body[key] = MAX_GENERATED_TOKENS  # larger ones stay: the edge must refuse them
+            body[key] = MAX_GENERATED_TOKENS
     case.body = body
 
 
@@ -133,9 +147,13 @@ def _is_tei(case: schemathesis.Case) -> bool:
 
 def openai_error_shape(ctx: schemathesis.CheckContext, response: schemathesis.Response,
                        case: schemathesis.Case) -> bool | None:
-    """Every 4xx and 5xx response has OpenAI's error body (TEI's on TEI's routes), as JSON."""
+    """Every 4xx and 5xx response has OpenAI's error body (TEI's on TEI's routes, Anthropic's on its), as JSON."""
     if response.status_code < 400:
         return None
+    if case.operation.path.startswith("/v1/messages"):
+        assert response.headers.get("content-type", [""])[0].startswith("application/json"), response.headers
+        validate_error(json.loads(response.content))
+        return True
     if _is_tei(case):
         assert response.headers.get("content-type", [""])[0].startswith("application/json"), response.headers
         problem = _tei_error_body(json.loads(response.content))
@@ -191,6 +209,13 @@ def openai_success_shape(ctx: schemathesis.CheckContext, response: schemathesis.
         for event in events[:-1]:
             validate(json.loads(event.data), "ResponseStreamEvent")
         return True
+    if content_type.startswith("text/event-stream") and path == "/v1/messages":
+        assert body.get("stream") is True
+        events = parse_events(response.content.decode())
+        assert [e.name for e in events][-1] == "message_stop", events[-2:]
+        for event in events:
+            validate_event(json.loads(event.data))
+        return True
     if content_type.startswith("text/event-stream"):
         assert path in ("/v1/chat/completions", "/v1/completions") and body.get("stream") is True
         chunks = _stream_chunks(response)
@@ -244,6 +269,10 @@ def openai_success_shape(ctx: schemathesis.CheckContext, response: schemathesis.
         assert payload["count"] == len(payload["tokens"])
     elif path == "/detokenize":
         assert isinstance(payload["prompt"], str)
+    elif path == "/v1/messages":
+        validate_message(payload)
+    elif path == "/v1/messages/count_tokens":
+        validate_count(payload)
     else:
         raise AssertionError(f"no expectation for {path}")
     return True
@@ -262,6 +291,9 @@ def test_every_operation_is_fuzzed_and_declares_openai_errors(edge_schema: schem
         assert "422" not in responses, operation.label  # FastAPI's {"detail": ...} is never sent
         for status in ("4XX", "5XX"):
             schema = responses[status]["content"]["application/json"]["schema"]
+            if operation.path.startswith("/v1/messages"):
+                assert schema == ANTHROPIC_ERROR_SCHEMA, operation.label
+                continue
             assert schema in ERROR_SCHEMAS or schema.get("anyOf") == list(ERROR_SCHEMAS), operation.label
 
 
@@ -284,6 +316,7 @@ def test_edge_conforms(edge_schema: schemathesis.BaseSchema, method: str, path: 
     def fuzz(case: schemathesis.Case, real_model: bool) -> None:
         if real_model:
             _with_real_model(case)
+        _few_tokens(case)
         _check(case)
 
     fuzz()
@@ -334,3 +367,15 @@ def test_the_error_shape_check_refuses_other_bodies() -> None:
     assert _error_body({"error": {"message": "m", "type": "t", "param": 3, "code": None}})
     assert _error_body({"error": {"message": "", "type": "t", "param": None, "code": None}})
     assert _error_body({"error": "m"})
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    ("/v1/chat/interactive", {"model": "ft-echo", "prompt": "hi", "request_output_len": 2,
+                              "repetition_penalty": 5e-324}),
+    ("/v1/chat/completions", {**CHAT, "max_tokens": 2, "repetition_penalty": 1e-40}),
+])
+def test_a_penalty_that_float32_makes_zero_is_refused(http: httpx.Client, path: str, body: dict[str, Any]) -> None:
+    """Found by the fuzzer: a positive penalty too small for the float32 on the wire arrived as 0."""
+    response = http.post(path, json=body)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == "repetition_penalty"

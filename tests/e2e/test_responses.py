@@ -170,8 +170,8 @@ BAD = [
     ("unsupported item type", {"input": [{"role": "user", "content": "hi"},
                                          {"type": "item_reference", "id": "msg_1"}]}, 400,
      "input[1].type"),
-    ("image part", {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, 400,
-     "input[0].content[0]"),
+    ("image for a model without image input", {"input": [{"role": "user", "content": [
+        {"type": "input_image", "image_url": "x"}]}]}, 400, "input[0].content[0].image_url"),
     ("unknown role", {"input": [{"role": "robot", "content": "hi"}]}, 400, "input[0].role"),
     ("call without call_id", {"input": [QUESTION, {**CALL, "call_id": None}]}, 400, "input[1].call_id"),
     ("call arguments not a string", {"input": [QUESTION, {**CALL, "arguments": {"city": "Paris"}}]}, 400,
@@ -201,8 +201,8 @@ def test_bad_input(http: httpx.Client, case: str, body: dict[str, Any], status: 
     validate(response.json(), "ErrorResponse")
     if status == 400:
         assert error["param"] == param, error
-    named = {"unsupported item type": "'item_reference'", "image part": "'input_image'",
-             "unknown role": "'robot'"}
+    named = {"unsupported item type": "'item_reference'", "unknown role": "'robot'",
+             "image for a model without image input": "does not take images"}
     assert named.get(case, "") in error["message"]
 
 
