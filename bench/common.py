@@ -223,6 +223,16 @@ async def compare(size: int, concurrency: int, item: Callable[[int], str], direc
     return row
 
 
+ONLY: list[str] = []  # `--only`
+
+
+def selected(points: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """The points `--only` names (all without it): `name` matches a point's first field, `name:n` its first two."""
+    if not ONLY:
+        return points
+    return [p for p in points if any(want in (str(p[0]), ":".join(map(str, p[:2]))) for want in ONLY)]
+
+
 def bench_main(doc: str | None, run: Callable[[float], Coroutine[Any, Any, dict[str, Any]]]) -> None:
     """The benchmarks' command line: `--seconds`, JSON on stdout, progress on stderr."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -231,7 +241,10 @@ def bench_main(doc: str | None, run: Callable[[float], Coroutine[Any, Any, dict[
                         help="edge workers and service replicas (default 1)")
     parser.add_argument("--edge-workers", type=parse_workers, metavar="N|auto", help="edge workers")
     parser.add_argument("--replicas", type=parse_workers, metavar="N|auto", help="replicas of the service")
+    parser.add_argument("--only", default="", metavar="POINT,...",
+                        help="measure only these points, e.g. `ft-echo:64,vllm-echo` (a name, or name:number)")
     args = parser.parse_args()
     PROCESSES.update(edge=args.edge_workers or args.workers, services=args.replicas or args.workers)
+    ONLY[:] = [point for point in args.only.split(",") if point]
     result = asyncio.run(run(args.seconds))
     print(json.dumps({**result, "processes": dict(PROCESSES), "cores": os.cpu_count()}, indent=2))

@@ -40,7 +40,7 @@ from tritonclient.grpc.aio import InferenceServerClient
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import CpuMeter, bench_main, private_stack, ratio
+from bench.common import CpuMeter, bench_main, private_stack, ratio, selected
 from services.common.triton import make_input
 from tritongate.settings import default_models_dir
 
@@ -208,15 +208,17 @@ def edge_stream(http: aiohttp.ClientSession, tokenizer: Any, model: str) -> Stre
 
 async def run(seconds: float) -> dict[str, Any]:
     smollm2 = str(default_models_dir() / SMOLLM2)
-    entries = [{"name": name, "path": smollm2} for name in (*ECHOES, SMOLLM2)]  # backends detected
-    with private_stack({"llm": entries}, [*ECHOES, SMOLLM2], (ROOT / "tests" / "triton_models",)) as stack:
+    points = selected(POINTS)
+    models = list(dict.fromkeys(model for model, _ in points))
+    entries = [{"name": name, "path": smollm2} for name in models]  # backends detected
+    with private_stack({"llm": entries}, models, (ROOT / "tests" / "triton_models",)) as stack:
         assert stack.triton is not None
         tokenizer = AutoTokenizer.from_pretrained(smollm2)
         triton = InferenceServerClient(stack.triton.grpc_url)
         http = aiohttp.ClientSession(stack.edge_url, connector=aiohttp.TCPConnector(limit=128),
                                      timeout=aiohttp.ClientTimeout(total=None))
         results = []
-        for model, concurrency in POINTS:
+        for model, concurrency in points:
             row: dict[str, Any] = {"model": model, "streams": concurrency, "max_tokens": MAX_TOKENS[model]}
             meter = CpuMeter()
             for name, stream in (("direct_triton", direct_stream(triton, tokenizer, model)),

@@ -55,6 +55,10 @@ class Framing(Protocol):
         """Every choice is finished; `usage` is the request's."""
 
 
+_MARK = "\0"  # the placeholder text: its JSON string appears once in a text-only choice
+_MARK_JSON = orjson.dumps(_MARK)
+
+
 class ChunkFraming:
     """Chat and completions chunks: openings, one chunk per delta, an empty one with each finish reason,
     the usage chunk when asked."""
@@ -67,9 +71,20 @@ class ChunkFraming:
         # choice (the bytes are those of `data_event({**head, "choices": [choice], "usage": None})`).
         self.prefix = b"data: " + orjson.dumps(head)[:-1] + b',"choices":['
         self.suffix = b'],"usage":null}\n\n' if include_usage else b"]}\n\n"
+        self.text_chunks: dict[int, tuple[bytes, bytes]] = {}  # per choice: its text-only chunk around the text
 
     def _chunk(self, choice: dict[str, Any]) -> bytes:
         return self.prefix + orjson.dumps(choice) + self.suffix
+
+    def _text_chunk(self, index: int, text: str) -> bytes:
+        """The chunk of a delta that carries only text (nearly every one): the shape's chunk for it is
+        serialised once per choice around a placeholder, and only the text is encoded per token."""
+        around = self.text_chunks.get(index)
+        if around is None:
+            before, _, after = orjson.dumps(self.shape.delta(llm_pb2.Delta(index=index, text=_MARK))) \
+                .partition(_MARK_JSON)
+            around = self.text_chunks[index] = (self.prefix + before, after + self.suffix)
+        return around[0] + orjson.dumps(text) + around[1]
 
     def start(self, accepted: llm_pb2.Accepted) -> Iterable[bytes]:
         for index in range(accepted.choices):
@@ -78,7 +93,10 @@ class ChunkFraming:
                 yield self._chunk(opening)
 
     def delta(self, delta: llm_pb2.Delta) -> Iterable[bytes]:
-        yield self._chunk(self.shape.delta(delta))
+        if delta.logprobs or delta.reasoning or delta.tool_calls:
+            yield self._chunk(self.shape.delta(delta))
+        else:
+            yield self._text_chunk(delta.index, delta.text)
 
     def end(self, index: int, finish_reason: str, stop_string: str = "") -> Iterable[bytes]:
         yield self._chunk(self.shape.end(index, finish_reason))

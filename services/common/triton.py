@@ -14,7 +14,8 @@ from typing import Any
 
 import grpc
 import numpy as np
-from tritonclient.grpc import InferInput, InferRequestedOutput, InferResult
+from tritonclient.grpc import InferInput, InferRequestedOutput, InferResult, service_pb2
+from tritonclient.grpc._utils import _get_inference_request
 from tritonclient.grpc.aio import InferenceServerClient
 from tritonclient.utils import (
     InferenceServerException,
@@ -82,11 +83,11 @@ def make_input(name: str, array: np.ndarray) -> InferInput:
     return tensor
 
 
-def outputs_of(result: InferResult, names: list[str]) -> dict[str, np.ndarray]:
-    """The named outputs that `result` has, as numpy arrays over its bytes. One pass over the response
-    (`as_numpy` searches it once per name): on a stream this runs for every token."""
-    response = result.get_response()
+def outputs_of(response: service_pb2.ModelInferResponse, names: list[str]) -> dict[str, np.ndarray]:
+    """The named outputs that `response` has, as numpy arrays over its bytes. One pass over the response
+    (`InferResult.as_numpy` searches it once per name): on a stream this runs for every token."""
     if len(response.raw_output_contents) != len(response.outputs):  # not in Triton's raw form
+        result = InferResult(response)
         return {name: result.as_numpy(name) for name in names if result.get_output(name)}
     arrays = {}
     for output, raw in zip(response.outputs, response.raw_output_contents, strict=True):
@@ -271,24 +272,25 @@ class Triton:
                          request_id: str) -> AsyncGenerator[dict[str, np.ndarray], None]:
         """The stream on one endpoint; Triton's failures as ServiceError."""
 
-        async def requests() -> AsyncIterator[dict[str, Any]]:
-            yield {
-                "model_name": model,
-                "inputs": [make_input(name, array) for name, array in inputs.items()],
-                "outputs": [InferRequestedOutput(name) for name in outputs],
-                "request_id": request_id,
-            }
+        request = _get_inference_request(
+            model_name=model, inputs=[make_input(name, array) for name, array in inputs.items()], model_version="",
+            request_id=request_id, outputs=[InferRequestedOutput(name) for name in outputs], sequence_id=0,
+            sequence_start=False, sequence_end=False, priority=0, timeout=None, parameters=None)
+
+        async def requests() -> AsyncIterator[service_pb2.ModelInferRequest]:
+            yield request
 
         with self._calling(endpoints, endpoint) as client:
-            call = client.stream_infer(requests(), stream_timeout=timeout)
+            # The stub of tritonclient's channel, read message by message: tritonclient's `stream_infer` wraps
+            # every response in an async generator, an iterator and a result object, once per token.
+            call = client._client_stub.ModelStreamInfer(requests(), timeout=timeout)
             try:
-                async for result, error in call:
-                    if error is not None:
-                        raise self._failed(error, endpoints, endpoint, model)
-                    yield outputs_of(result, outputs)
-            except InferenceServerException as exc:
-                raise self._failed(exc, endpoints, endpoint, model) from None
-            except grpc.aio.AioRpcError as exc:  # the stream's own failure (e.g. Triton unreachable) comes raw
+                while (message := await call.read()) is not grpc.aio.EOF:
+                    if message.error_message:
+                        raise self._failed(InferenceServerException(message.error_message), endpoints, endpoint,
+                                           model)
+                    yield outputs_of(message.infer_response, outputs)
+            except grpc.aio.AioRpcError as exc:  # the stream's own failure (e.g. Triton unreachable)
                 raise self._failed(InferenceServerException(exc.details(), str(exc.code())), endpoints, endpoint,
                                    model) from None
             finally:

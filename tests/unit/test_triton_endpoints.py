@@ -194,31 +194,32 @@ UNAVAILABLE = InferenceServerException("failed to connect to all addresses", "St
 
 
 class Call:
-    """A scripted stream: each item a result to answer, or an exception to raise."""
+    """A scripted stream (the stub's ModelStreamInfer call): each item a result to answer, or an exception to
+    raise."""
 
     def __init__(self, items: list[InferResult | Exception]) -> None:
-        self.items = items
+        self.items = list(items)
         self.cancelled = False
 
-    def __aiter__(self) -> AsyncIterator[tuple[InferResult, None]]:
-        return self._responses()
-
-    async def _responses(self) -> AsyncIterator[tuple[InferResult, None]]:
-        for item in self.items:
-            if isinstance(item, Exception):
-                raise item
-            yield item, None
+    async def read(self) -> Any:
+        if not self.items:
+            return grpc.aio.EOF
+        item = self.items.pop(0)
+        if isinstance(item, Exception):
+            raise item
+        return service_pb2.ModelStreamInferResponse(infer_response=item.get_response())
 
     def cancel(self) -> None:
         self.cancelled = True
 
 
 class Client:
-    """A tritonclient aio client that answers `infer` with `answer` and streams with `stream`."""
+    """A tritonclient aio client that answers `infer` with `answer` and streams with `stream` (on its stub)."""
 
     def __init__(self, answer: InferResult | Exception = UNAVAILABLE, stream: list[Any] | None = None) -> None:
         self.answer, self.calls, self.closed = answer, 0, False
         self.stream = Call(stream or [])
+        self._client_stub = self
 
     async def infer(self, model: str, inputs: Any, **kwargs: Any) -> InferResult:
         self.calls += 1
@@ -226,7 +227,7 @@ class Client:
             raise self.answer
         return self.answer
 
-    def stream_infer(self, requests: Any, stream_timeout: float | None) -> Call:
+    def ModelStreamInfer(self, requests: Any, timeout: float | None) -> Call:  # noqa: N802 (the stub's name)
         self.calls += 1
         return self.stream
 
