@@ -209,6 +209,22 @@ T = TypeVar("T")
 JOIN_TURNS = 4
 
 
+def _turns(n: int) -> asyncio.Future[None]:
+    """Done after `n` turns of the loop. A chain of callbacks: `asyncio.sleep(0)` n times would resume the
+    waiting task (and every coroutine frame it awaits through, the whole RPC handler's) at every turn."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+
+    def tick(left: int) -> None:
+        if left > 1:
+            loop.call_soon(tick, left - 1)
+        elif not done.done():
+            done.set_result(None)
+
+    loop.call_soon(tick, n)
+    return done
+
+
 async def merge(streams: Sequence[AsyncGenerator[T, None]]) -> AsyncIterator[list[T]]:
     """Items of concurrent streams, in batches: everything that arrived while the consumer was busy, or
     within `JOIN_TURNS` turns of the loop after the batch's first item, comes together. The first failure
@@ -231,8 +247,7 @@ async def merge(streams: Sequence[AsyncGenerator[T, None]]) -> AsyncIterator[lis
         while running:
             batch, failure = [], None
             message = await queue.get()
-            for _ in range(JOIN_TURNS):
-                await asyncio.sleep(0)
+            await _turns(JOIN_TURNS)
             while True:
                 if isinstance(message, BaseException):
                     failure = message

@@ -121,3 +121,19 @@ async def test_chunks_written_around_the_serialised_head_are_the_json_of_the_who
                   *framing.finish(common_pb2.Usage(prompt_tokens=1, completion_tokens=1, total_tokens=2))]
         assert chunks[:2] == [data_event({**head, "choices": [choice], **extra}) for choice in choices]
         assert len(chunks) == (3 if include_usage else 2)
+
+
+async def test_text_chunks_from_the_template_are_the_shapes_own_chunks() -> None:
+    from edge.endpoints.chat import ChatShape
+    from edge.endpoints.completions import CompletionShape
+
+    head = {"id": "x-1", "object": "chunk", "created": 1, "model": "m"}
+    texts = ["Hi", ' "quoted" \\ é\n', "\0", "\u2028 🦊", ""]
+    for shape in (CompletionShape(False), ChatShape(False), ChatShape(False, reasoning_field="reasoning")):
+        framing = ChunkFraming(shape, head, include_usage=True)  # type: ignore[arg-type]
+        for index in (0, 3):
+            for text in texts:
+                delta = llm_pb2.Delta(index=index, text=text)
+                expected = data_event({**head, "choices": [shape.delta(delta)], "usage": None})
+                assert [*framing.delta(delta)] == [expected]
+                assert json.loads(expected[6:])["choices"][0]["index"] == index
