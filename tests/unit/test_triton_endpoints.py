@@ -227,7 +227,7 @@ class Client:
             raise self.answer
         return self.answer
 
-    def ModelStreamInfer(self, requests: Any, timeout: float | None) -> Call:  # noqa: N802 (the stub's name)
+    def ModelStreamInfer(self, requests: Any, timeout: float | None) -> Call:  # the stub's method name
         self.calls += 1
         return self.stream
 
