@@ -59,6 +59,7 @@ _BY_STATUS = {
 _INSTANCE_DOWN = ("is not healthy", "stub process", "not ready", "unknown model", "is not found")
 
 
+_EOF: Any = grpc.aio.EOF  # type: ignore[attr-defined]  # (missing from grpc-stubs)
 READINESS_TIMEOUT_S = 2.0
 CLIENT_IDLE_S = 60.0  # a client unused this long is closed: no model has its address any more
 
@@ -285,7 +286,7 @@ class Triton:
             # every response in an async generator, an iterator and a result object, once per token.
             call = client._client_stub.ModelStreamInfer(requests(), timeout=timeout)
             try:
-                while (message := await call.read()) is not grpc.aio.EOF:
+                while (message := await call.read()) is not _EOF:
                     if message.error_message:
                         raise self._failed(InferenceServerException(message.error_message), endpoints, endpoint,
                                            model)
