@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from services.llm import completion as completion_module
 from services.llm.completion import JOIN_TURNS, Completion, coalesce, merge
 from services.llm.detokenizer import TokenDecoding
 from tritongate.llm.v1 import llm_pb2
@@ -132,6 +133,20 @@ async def test_merge_joins_what_arrives_within_a_few_turns_of_the_loop_and_no_la
     assert JOIN_TURNS > 3
     batches = [batch async for batch in merge([after_turns("a", 0), after_turns("b", 3), later("c")])]
     assert batches == [["a", "b"], ["c"]]
+
+
+async def test_after_the_first_batch_what_comes_within_the_interval_leaves_together(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(completion_module, "MIN_INTERVAL_S", 0.2)  # far longer than the stream takes
+
+    async def fast() -> AsyncGenerator[int, None]:
+        for value in range(8):
+            for _ in range(JOIN_TURNS + 2):  # each item after the previous batch's join window
+                await asyncio.sleep(0)
+            yield value
+
+    batches = [batch async for batch in merge([fast()])]
+    assert batches == [[0], [1, 2, 3, 4, 5, 6, 7]]  # the first at once, the rest within the interval
 
 
 def test_coalesce_joins_increments_per_completion() -> None:
