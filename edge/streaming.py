@@ -102,7 +102,7 @@ async def run(request: Request, client: LlmClient, generation_input: GenerationI
     """Any generation endpoint: `framing` writes its stream (as Server-Sent Events, unless `respond`
     writes it otherwise), `collector` its whole response. `persist` saves what the endpoint keeps of a
     finished generation (a stored Response, a session's turn), before the client sees the end."""
-    head = {"id": f"{collector.prefix}-{uuid.uuid4().hex}", "object": collector.object,
+    head = {"id": f"{collector.prefix}{uuid.uuid4().hex}", "object": collector.object,
             "created": int(time.time()), "model": generation_input.model}
     if generation_input.images:
         card = await client.directory.route(generation_input.model, client.service)

@@ -329,7 +329,7 @@ class ChatCompletionChunk(Head):
 
 class ChatShape:
     object = "chat.completion.chunk"
-    prefix = "chatcmpl"
+    prefix = "chatcmpl-"
 
     def __init__(self, logprobs: bool, legacy_functions: bool = False,
                  reasoning_field: ReasoningField = "reasoning_content") -> None:

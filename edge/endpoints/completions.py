@@ -93,7 +93,7 @@ class Completion(Head):
 
 class CompletionShape:
     object = "text_completion"
-    prefix = "cmpl"
+    prefix = "cmpl-"
 
     def __init__(self, logprobs: bool) -> None:
         self.logprobs = logprobs

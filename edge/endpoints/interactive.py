@@ -187,7 +187,7 @@ class Turn:
     other is cancelled at once."""
 
     object = "interactive"
-    prefix = "interactive"
+    prefix = "interactive-"
 
     def __init__(self, body: InteractiveRequest, session_id: int, session: Session, sessions: Sessions,
                  longest_s: float) -> None:

@@ -163,7 +163,7 @@ class Shape(Protocol):
     """How one endpoint shapes its stream chunks and its response."""
 
     object: str  # of a stream chunk
-    prefix: str  # of the response id
+    prefix: str  # of the response id, its separator included
 
     def opening(self, index: int) -> dict[str, Any] | None:
         """The choice of a chunk sent before any text, or None."""

@@ -368,7 +368,7 @@ class MessageShape:
     """A whole Message (the collecting side of the generation path), and its stream (`events`)."""
 
     object = "message"
-    prefix = "msg"
+    prefix = "msg_"  # Anthropic's ids: msg_...
 
     def message(self, head: dict[str, Any], content: list[dict[str, Any]], stop: dict[str, Any],
                 usage: dict[str, int]) -> dict[str, Any]:

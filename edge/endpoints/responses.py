@@ -207,7 +207,7 @@ class ResponseRecorder:
     (`persist`, before the client sees it finished)."""
 
     object = "response"
-    prefix = "resp"
+    prefix = "resp-"
 
     def __init__(self, body: ResponseRequest, history: Sequence[llm_pb2.ChatMessage], store: Space) -> None:
         self.body = body

@@ -42,6 +42,7 @@ def user(text: str) -> list[Any]:
 def test_create_answers_with_a_text_block_and_usage(claude: anthropic.Anthropic, http: httpx.Client) -> None:
     message = claude.messages.create(model=ECHO, max_tokens=64, messages=user("Hello there, Claude."))
     assert message.type == "message" and message.role == "assistant" and message.model == ECHO
+    assert message.id.startswith("msg_")  # Anthropic's ids
     assert [(b.type, getattr(b, "text", None)) for b in message.content] == [("text", "Hello there, Claude.")]
     assert message.stop_reason == "end_turn" and message.stop_sequence is None
     assert message.usage.input_tokens > 0 and message.usage.output_tokens > 0
