@@ -7,6 +7,7 @@ server) and returns to the prompt; Ctrl-D or /quit leaves.
 from __future__ import annotations
 
 import contextlib
+import signal
 import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -102,6 +103,9 @@ def run_chat(url: str, api_key: str, model: str | None, system: str, options: di
 
     with contextlib.suppress(ImportError):
         import readline  # noqa: F401  (line editing and history for input())
+    # Ctrl-C stops an answer even when the console was started with SIGINT ignored (a shell's background
+    # job inherits that, and Python then never turns Ctrl-C into KeyboardInterrupt).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     client = openai.OpenAI(base_url=url, api_key=api_key, max_retries=0)
     out = sys.stdout
     try:
