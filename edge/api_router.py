@@ -51,7 +51,7 @@ class TEIErrorResponse(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     error: str
-    error_type: Literal["Empty", "Validation", "Tokenizer", "Overloaded", "Unhealthy", "Backend"]
+    error_type: Literal["Empty", "Validation", "Tokenizer", "Overloaded", "Unhealthy", "Backend", "Unauthorized"]
 
 
 def errors_of(model: Any) -> dict[int | str, dict[str, Any]]:
@@ -106,6 +106,6 @@ def parse_body(model: type[BaseModel], body: Any) -> Any:
         raise RequestValidationError(errors, body=body) from None
 
 
-def api_router(**kwargs: Any) -> APIRouter:
-    """An APIRouter with strict JSON bodies and OpenAI's error responses declared."""
-    return APIRouter(route_class=StrictJSONRoute, responses=ERROR_RESPONSES, **kwargs)
+def api_router(errors: dict[int | str, dict[str, Any]] = ERROR_RESPONSES, **kwargs: Any) -> APIRouter:
+    """An APIRouter with strict JSON bodies and its error responses declared (OpenAI's unless `errors`)."""
+    return APIRouter(route_class=StrictJSONRoute, responses=errors, **kwargs)

@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
-from fastapi import APIRouter, Request, Response
+from fastapi import Request, Response
 
-from edge.api_router import SSE_EVENT, StrictJSONRoute, ok
+from edge.api_router import SSE_EVENT, api_router, errors_of, ok
 from edge.cancel import until_disconnected
 from edge.deps import LlmDep, SettingsDep
 from edge.endpoints import messages
@@ -16,9 +16,7 @@ from edge.sse import sse_response
 from edge.streaming import run
 from tritongate.common.v1 import tokenizer_pb2
 
-router = APIRouter(route_class=StrictJSONRoute, tags=["messages"], responses={
-    "4XX": {"model": messages.AnthropicError, "description": "The request was refused (Anthropic's error shape)"},
-    "5XX": {"model": messages.AnthropicError, "description": "A service failed, is unavailable or timed out"}})
+router = api_router(errors=errors_of(messages.AnthropicError), tags=["messages"])
 STREAMED: dict[int | str, dict[str, Any]] = {200: {
     "model": messages.Message, "content": {"text/event-stream": {"schema": SSE_EVENT}},
     "description": "A Message, or with `stream: true` Server-Sent Events whose `data` is a MessageStreamEvent"}}
