@@ -16,6 +16,7 @@ on a GPU server, the gateway's processes are what limits the rate.
 from __future__ import annotations
 
 import asyncio
+import statistics
 import subprocess
 import sys
 import time
@@ -69,26 +70,33 @@ def _start(source: str, port: int) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-c", source, str(port)])
 
 
-async def _bare(source: str, call: Any) -> dict[str, float]:
-    """Start a bare server from `source`, warm up, then time CALLS sequential calls of `call(port)`."""
+async def _bare(source: str, call: Any, calls: int = CALLS, idle_s: float = 0.0) -> dict[str, float]:
+    """Start a bare server from `source`, warm up, then time `calls` sequential calls of `call(port)`, each
+    after `idle_s` with both processes idle (as when a gateway waits on a model)."""
     port = free_port()
     server = _start(source, port)
     try:
         send = await call(port)
         for _ in range(200):
             await send()
-        cpu, thread, wall = process_cpu(server.pid), time.thread_time(), time.perf_counter()
-        for _ in range(CALLS):
+        latencies = []
+        cpu, thread = process_cpu(server.pid), time.thread_time()
+        for _ in range(calls):
+            if idle_s:
+                await asyncio.sleep(idle_s)
+            start = time.perf_counter()
             await send()
-        return {"server_cpu_us": per_request_us(process_cpu(server.pid) - cpu, CALLS),
-                "client_thread_cpu_us": per_request_us(time.thread_time() - thread, CALLS),
-                "round_trip_us": per_request_us(time.perf_counter() - wall, CALLS)}
+            latencies.append(time.perf_counter() - start)
+        return {"server_cpu_us": per_request_us(process_cpu(server.pid) - cpu, calls),
+                "client_thread_cpu_us": per_request_us(time.thread_time() - thread, calls),
+                "round_trip_us": per_request_us(sum(latencies), calls),
+                "round_trip_p50_us": round(statistics.median(latencies) * 1e6, 1)}
     finally:
         server.kill()
         server.wait()
 
 
-async def bare_http() -> dict[str, float]:
+async def bare_http(calls: int = CALLS, idle_s: float = 0.0) -> dict[str, float]:
     session = aiohttp.ClientSession()
 
     async def connect(port: int) -> Any:
@@ -106,12 +114,12 @@ async def bare_http() -> dict[str, float]:
         return send
 
     try:
-        return await _bare(BARE_HTTP, connect)
+        return await _bare(BARE_HTTP, connect, calls, idle_s)
     finally:
         await session.close()
 
 
-async def bare_grpc() -> dict[str, float]:
+async def bare_grpc(calls: int = CALLS, idle_s: float = 0.0) -> dict[str, float]:
     channels: list[grpc.aio.Channel] = []
 
     async def connect(port: int) -> Any:
@@ -125,7 +133,7 @@ async def bare_grpc() -> dict[str, float]:
         return send
 
     try:
-        return await _bare(BARE_GRPC, connect)
+        return await _bare(BARE_GRPC, connect, calls, idle_s)
     finally:
         for channel in channels:
             await channel.close(grace=None)

@@ -11,6 +11,12 @@ Three models behind the same Triton, with the same tokenizer and tensors:
 The gateway does the same work per request in front of all three. `added_p50_ms` says what each hop
 added to the direct path's median (the embed service: its gRPC hop and its work; the edge: the HTTP hop
 and the edge's work on top of that), beside the CPU the gateway's processes spent per request.
+
+What belongs to the machine is measured, not assumed: `machine_floor` times a bare FastAPI server over
+HTTP and a bare grpc.aio call (bench/cpu_budget.py's), one call after another, back to back and after
+15 ms with both processes idle. The edge path crosses one hop of each kind more than the direct path,
+so `gateway_own_p50_ms` is what the edge added less that floor (back to back for `embed-echo`, after
+an idle wait for the models that take 15 ms).
 """
 
 from __future__ import annotations
@@ -27,12 +33,14 @@ from tritonclient.grpc.aio import InferenceServerClient
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import BENCH_MODELS, CpuMeter, Path_, bench_main, closed_loop, private_stack, summarize
+from bench.cpu_budget import bare_grpc, bare_http
 from bench.embeddings import direct_path, edge_path, sentence
 from tritongate.embed.v1 import embed_pb2, embed_pb2_grpc
 from tritongate.settings import default_models_dir
 
 TOKENIZER = "all-minilm-l6-v2"
 MODELS = ["embed-echo", "embed-echo-wait", "all-minilm-l6-v2"]
+MODEL_WAIT_S = 0.015  # how long embed-echo-wait (and about how long MiniLM) keeps the gateway waiting
 
 
 def service_path(channel: grpc.aio.Channel, model: str) -> Path_:
@@ -57,7 +65,20 @@ async def one_by_one(path: Path_, seconds: float) -> dict[str, Any]:
     return row
 
 
+async def machine_floor(seconds: float) -> dict[str, Any]:
+    """A bare HTTP hop and a bare gRPC hop at concurrency 1, back to back and after an idle wait."""
+    idle_calls = max(50, int(seconds / MODEL_WAIT_S))
+    floor = {"back_to_back": {"http": await bare_http(), "grpc": await bare_grpc()},
+             "after_idle": {"http": await bare_http(idle_calls, MODEL_WAIT_S),
+                            "grpc": await bare_grpc(idle_calls, MODEL_WAIT_S)}}
+    for hops in floor.values():
+        hops["both_p50_ms"] = round((hops["http"]["round_trip_p50_us"] + hops["grpc"]["round_trip_p50_us"]) / 1000, 3)
+    print({"machine_floor": floor}, file=sys.stderr, flush=True)
+    return floor
+
+
 async def run(seconds: float) -> dict[str, Any]:
+    floor = await machine_floor(seconds)
     folder = str(default_models_dir() / TOKENIZER)
     entries = [{"name": model, "path": folder, "max_tokens": 256, "output_name": "sentence_embedding"}
                for model in MODELS]
@@ -77,12 +98,14 @@ async def run(seconds: float) -> dict[str, Any]:
             direct = row["direct_triton"]["p50_ms"]
             row["added_p50_ms"] = {"embed_service": round(row["embed_service"]["p50_ms"] - direct, 2),
                                    "edge": round(row["edge"]["p50_ms"] - direct, 2)}
+            hops = floor["back_to_back" if model == "embed-echo" else "after_idle"]
+            row["gateway_own_p50_ms"] = round(row["added_p50_ms"]["edge"] - hops["both_p50_ms"], 2)
             print(row, file=sys.stderr, flush=True)
             results.append(row)
         await http.close()
         await channel.close(grace=None)
         await triton.close()
-    return {"benchmark": "latency", "seconds_per_path": seconds, "results": results}
+    return {"benchmark": "latency", "seconds_per_path": seconds, "machine_floor": floor, "results": results}
 
 
 if __name__ == "__main__":
