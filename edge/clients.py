@@ -22,6 +22,7 @@ import grpc
 from edge.coalesce import BatchCalls, Coalescer
 from edge.errors import OpenAIError, bad_request, from_grpc, from_item, model_not_found
 from edge.telemetry import TokenTimer, current
+from tritongate.batching import EDGE_SLOTS
 from tritongate.common.v1 import common_pb2, tokenizer_pb2, tokenizer_pb2_grpc
 from tritongate.embed.v1 import embed_pb2
 from tritongate.llm.v1 import llm_pb2
@@ -133,7 +134,7 @@ class EncoderClient(ServiceClient):
     """A service of unary calls that the edge coalesces (edge/coalesce.py): embed and rerank."""
 
     def __init__(self, channel: grpc.aio.Channel, directory: ModelDirectory, timeout: float,
-                 retry_after_s: int = 1, calls_per_model: int = 2) -> None:
+                 retry_after_s: int = 1, calls_per_model: int = EDGE_SLOTS) -> None:
         super().__init__(channel, directory, timeout, retry_after_s)
         self.coalescer = Coalescer(self.batch_calls(), timeout, calls_per_model)
 

@@ -221,7 +221,7 @@ def _count(workers: str) -> int:
     return parse_workers(workers)
 
 
-def _check_state_store(settings: Settings) -> None:
+def _check_state_store(settings: Settings, command: str) -> None:
     """Exit with one line unless the shared state store (TRITONGATE_STATE_URL) parses and answers."""
     import asyncio
 
@@ -230,7 +230,7 @@ def _check_state_store(settings: Settings) -> None:
     try:
         log.info("state store: %s", asyncio.run(check_store(settings.state_url)))
     except (StateUrlError, StoreUnavailable) as exc:
-        sys.exit(f"tritongate edge: error: {exc}")
+        sys.exit(f"tritongate {command}: error: {exc}")
 
 
 def _run_edge(args: argparse.Namespace, argv: list[str], settings: Settings) -> None:
@@ -238,7 +238,7 @@ def _run_edge(args: argparse.Namespace, argv: list[str], settings: Settings) -> 
 
     from launcher.workers import run_edge_workers, shared_port_socket
 
-    _check_state_store(settings)
+    _check_state_store(settings, "edge")
     if settings.edge_workers > 1 and not args.shared_port:
         sys.exit(run_edge_workers(argv, settings.edge_workers, settings.shutdown_grace_s))
     from edge.app import create_app
@@ -311,6 +311,7 @@ def _chat(args: argparse.Namespace, settings: Settings) -> None:
 def _up(args: argparse.Namespace, settings: Settings) -> None:
     from launcher.stack import run_stack
 
+    _check_state_store(settings, "up")  # before Triton and the services take their minute to start
     default = _count(args.workers)
     processes = {"edge": _count(args.edge_workers) if args.edge_workers else default}
     for service in SERVICES:

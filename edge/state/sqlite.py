@@ -17,6 +17,7 @@ from edge.state.base import Change, Limits, StateStore, StoreUnavailable
 
 T = TypeVar("T")
 BUSY_TIMEOUT_MS = 5000  # how long a writer waits for another process's transaction
+OLDEST_SQLITE = (3, 35, 0)  # reads renew an entry's use with UPDATE ... RETURNING
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS state (
@@ -44,6 +45,9 @@ class SqliteStore(StateStore):
 
     def _connection(self) -> sqlite3.Connection:
         if self._db is None:
+            if sqlite3.sqlite_version_info < OLDEST_SQLITE:  # refused at the start check, not at the first read
+                raise sqlite3.NotSupportedError(f"SQLite {sqlite3.sqlite_version} is too old (3.35 or later needed); "
+                                                "use redis:// or memory://")
             self.path.parent.mkdir(parents=True, exist_ok=True)
             db = sqlite3.connect(self.path, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000)
             db.execute("PRAGMA journal_mode=WAL")

@@ -210,16 +210,18 @@ def test_a_redis_that_goes_away_is_a_503_naming_the_store_until_it_is_back(
     assert "Traceback" not in (tmp_path / "edge.log").read_text()
 
 
+@pytest.mark.parametrize("command", ["edge", "up"])  # `up` checks before it starts Triton and the services
 @pytest.mark.parametrize(("state_url", "expected"), [
     ("postgres://db/state", "names no store"),
     ("redis://valkey:port/0", "does not parse"),
     ("redis://:secret@127.0.0.1:{port}/0", "is unavailable"),
 ])
-def test_an_edge_refuses_to_start_on_a_store_it_cannot_use(state_url: str, expected: str) -> None:
+def test_an_edge_refuses_to_start_on_a_store_it_cannot_use(command: str, state_url: str, expected: str) -> None:
     env = dict(os.environ, TRITONGATE_STATE_URL=state_url.format(port=free_port()))
-    done = subprocess.run([sys.executable, "-m", "launcher.cli", "edge", "--port", str(free_port())], env=env,
+    done = subprocess.run([sys.executable, "-m", "launcher.cli", command, "--port", str(free_port())], env=env,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode != 0
     lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and expected in lines[0] and lines[0].startswith("tritongate edge: error:"), done.stderr
+    assert len(lines) == 1 and expected in lines[0] and lines[0].startswith(f"tritongate {command}: error:"), \
+        done.stderr
     assert "secret" not in done.stderr and "Traceback" not in done.stderr

@@ -13,8 +13,8 @@ import pytest
 from services.common.encoder import Batcher, Row, instance_count
 
 
-class FakeTriton:
-    """Records each call's rows; calls block until released, to build up a queue."""
+class RecordingCall:
+    """The batcher's model call: records each call's rows; calls block until released, to build up a queue."""
 
     def __init__(self, fail_on: int | None = None) -> None:
         self.calls: list[list[int]] = []
@@ -45,7 +45,7 @@ async def settle() -> None:
 
 
 async def test_an_idle_batcher_sends_at_once() -> None:
-    fake = FakeTriton()
+    fake = RecordingCall()
     fake.release.set()
     batcher = batcher_of(fake, batch_size=8, slots=2)
     result = await batcher.submit(rows(1, 2))
@@ -54,7 +54,7 @@ async def test_an_idle_batcher_sends_at_once() -> None:
 
 
 async def test_requests_waiting_for_a_slot_leave_together() -> None:
-    fake = FakeTriton()
+    fake = RecordingCall()
     batcher = batcher_of(fake, batch_size=8, slots=1)
     first = asyncio.create_task(batcher.submit(rows(1)))
     await settle()
@@ -68,7 +68,7 @@ async def test_requests_waiting_for_a_slot_leave_together() -> None:
 
 
 async def test_with_cpu_to_spare_what_arrives_leaves_at_once_whatever_the_slots() -> None:
-    fake = FakeTriton()
+    fake = RecordingCall()
     batcher = batcher_of(fake, batch_size=8, slots=1, instances=2, busy=False)
     first = asyncio.create_task(batcher.submit(rows(1)))
     await settle()
@@ -84,7 +84,7 @@ async def test_with_cpu_to_spare_what_arrives_leaves_at_once_whatever_the_slots(
 
 
 async def test_requests_submitted_in_the_same_turn_leave_together_even_with_slots_free() -> None:
-    fake = FakeTriton()
+    fake = RecordingCall()
     fake.release.set()
     batcher = batcher_of(fake, batch_size=8, slots=4)
     results = await asyncio.gather(*(batcher.submit(rows(i)) for i in (1, 2, 3)))
@@ -93,7 +93,7 @@ async def test_requests_submitted_in_the_same_turn_leave_together_even_with_slot
 
 
 async def test_what_leaves_together_is_spread_over_the_idle_model_instances() -> None:
-    fake = FakeTriton()
+    fake = RecordingCall()
     batcher = batcher_of(fake, batch_size=8, slots=4, instances=2)
     first = [asyncio.create_task(batcher.submit(rows(i))) for i in (1, 2, 3)]
     big = asyncio.create_task(batcher.submit(rows(4, 5, 6, 7, 8)))  # a batch RPC's requests, as one
@@ -114,7 +114,7 @@ def test_the_instances_of_a_triton_model_are_read_from_its_instance_groups() -> 
 
 
 async def test_large_requests_are_split_into_equal_parts_of_at_most_the_batch_size() -> None:
-    fake = FakeTriton()
+    fake = RecordingCall()
     fake.release.set()
     batcher = batcher_of(fake, batch_size=4, slots=4)
     await batcher.submit(rows(*range(1, 6)))
@@ -122,7 +122,7 @@ async def test_large_requests_are_split_into_equal_parts_of_at_most_the_batch_si
 
 
 async def test_large_requests_are_split_at_the_batch_size() -> None:
-    fake = FakeTriton()
+    fake = RecordingCall()
     fake.release.set()
     batcher = batcher_of(fake, batch_size=3, slots=4)
     result = await batcher.submit(rows(*range(1, 9)))
@@ -131,7 +131,7 @@ async def test_large_requests_are_split_at_the_batch_size() -> None:
 
 
 async def test_a_cancelled_caller_does_not_reach_triton() -> None:
-    fake = FakeTriton()
+    fake = RecordingCall()
     batcher = batcher_of(fake, batch_size=8, slots=1)
     first = asyncio.create_task(batcher.submit(rows(1)))
     await settle()
@@ -148,7 +148,7 @@ async def test_a_cancelled_caller_does_not_reach_triton() -> None:
 
 
 async def test_a_failed_call_fails_only_its_own_requests() -> None:
-    fake = FakeTriton(fail_on=2)
+    fake = RecordingCall(fail_on=2)
     batcher = batcher_of(fake, batch_size=1, slots=2)
     fake.release.set()
     results = await asyncio.gather(batcher.submit(rows(1)), batcher.submit(rows(2)), return_exceptions=True)
@@ -186,6 +186,6 @@ async def test_a_triton_call_whose_callers_all_left_is_cancelled() -> None:
 
 
 async def test_no_rows_make_no_call() -> None:
-    fake = FakeTriton()
+    fake = RecordingCall()
     result = await batcher_of(fake, batch_size=8, slots=1).submit([])
     assert fake.calls == [] and result.shape == (0, 0)

@@ -222,3 +222,17 @@ def test_alternatives_appear_as_top_logprobs_in_both_shapes() -> None:
     plain = llm_pb2.Delta(index=0, text="a", logprobs=[llm_pb2.TokenLogprob(token="a", logprob=-0.5)])
     assert completions.CompletionShape(logprobs=True).delta(plain)["logprobs"]["top_logprobs"] == [{"a": -0.5}]
     assert chat.ChatShape(logprobs=True).delta(plain)["logprobs"]["content"][0]["top_logprobs"] == []
+
+
+@pytest.mark.parametrize(("first", "order"), [
+    (None, ["embed-a", "llm-a", "llm-b"]),  # no default LLM: the services' order
+    ("llm-b", ["llm-b", "embed-a", "llm-a"]),  # the default LLM first, the rest in their order
+    ("gone", ["embed-a", "llm-a", "llm-b"]),  # a default no service lists changes nothing
+])
+def test_the_model_list_puts_the_default_llm_first(first: str | None, order: list[str]) -> None:
+    from edge.endpoints.models import model_list
+    from tritongate.common.v1 import common_pb2
+
+    kinds = {"embed": common_pb2.MODEL_KIND_EMBEDDING, "llm": common_pb2.MODEL_KIND_LLM}
+    cards = [common_pb2.ModelCard(id=name, kind=kinds[name.split("-")[0]]) for name in ("embed-a", "llm-a", "llm-b")]
+    assert [model["id"] for model in model_list(cards, first)["data"]] == order

@@ -143,6 +143,14 @@ async def test_a_sqlite_file_that_cannot_be_created_is_unavailable(tmp_path: Pat
         await check_store(f"sqlite://{tmp_path / 'a-file' / 'state.sqlite3'}")
 
 
+async def test_a_sqlite_too_old_for_the_store_is_refused_at_the_start_check(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("sqlite3.sqlite_version_info", (3, 34, 1))
+    with pytest.raises(StoreUnavailable, match="too old"):
+        await check_store(f"sqlite://{tmp_path / 'state.sqlite3'}")
+    assert not (tmp_path / "state.sqlite3").exists()
+
+
 @pytest.mark.parametrize(("url", "kind"), [
     ("memory://", MemoryStore), ("sqlite:///var/lib/tritongate/state.sqlite3", SqliteStore),
     ("redis://valkey:6379/0", RedisStore), ("redis://valkey", RedisStore), ("valkey://:pw@valkey:6379/2", RedisStore),
