@@ -13,15 +13,20 @@ added to the direct path's median (the embed service: its gRPC hop and its work;
 and the edge's work on top of that), beside the CPU the gateway's processes spent per request.
 
 What belongs to the machine is measured, not assumed: `machine_floor` times a bare FastAPI server over
-HTTP and a bare grpc.aio call (bench/cpu_budget.py's), one call after another, back to back and after
-15 ms with both processes idle. The edge path crosses one hop of each kind more than the direct path,
+HTTP and a bare grpc.aio call (bench/cpu_budget.py's), and a one-byte round trip between two processes
+over a socket pair (no Python framework: what a wake-up costs), one call after another, back to back and
+after 15 ms with both processes idle. The edge path crosses one hop of each kind more than the direct path,
 so `gateway_own_p50_ms` is what the edge added less that floor (back to back for `embed-echo`, after
 an idle wait for the models that take 15 ms).
 """
 
 from __future__ import annotations
 
+import os
+import socket
+import statistics
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -65,12 +70,40 @@ async def one_by_one(path: Path_, seconds: float) -> dict[str, Any]:
     return row
 
 
+def socket_round_trip(calls: int, idle_s: float = 0.0) -> dict[str, float]:
+    """p50 of a one-byte round trip to a forked echo process over a socket pair, each after `idle_s`."""
+    ours, theirs = socket.socketpair()
+    child = os.fork()
+    if child == 0:  # the echo: blocking reads, no event loop
+        ours.close()
+        while byte := theirs.recv(1):
+            theirs.send(byte)
+        os._exit(0)
+    theirs.close()
+    latencies = []
+    try:
+        for i in range(calls + 200):
+            if idle_s:
+                time.sleep(idle_s)
+            start = time.perf_counter()
+            ours.send(b"x")
+            ours.recv(1)
+            if i >= 200:  # warmed up
+                latencies.append(time.perf_counter() - start)
+    finally:
+        ours.close()
+        os.waitpid(child, 0)
+    return {"round_trip_p50_us": round(statistics.median(latencies) * 1e6, 1)}
+
+
 async def machine_floor(seconds: float) -> dict[str, Any]:
     """A bare HTTP hop and a bare gRPC hop at concurrency 1, back to back and after an idle wait."""
     idle_calls = max(50, int(seconds / MODEL_WAIT_S))
-    floor = {"back_to_back": {"http": await bare_http(), "grpc": await bare_grpc()},
+    floor = {"back_to_back": {"http": await bare_http(), "grpc": await bare_grpc(),
+                              "socket": socket_round_trip(3000)},
              "after_idle": {"http": await bare_http(idle_calls, MODEL_WAIT_S),
-                            "grpc": await bare_grpc(idle_calls, MODEL_WAIT_S)}}
+                            "grpc": await bare_grpc(idle_calls, MODEL_WAIT_S),
+                            "socket": socket_round_trip(idle_calls, MODEL_WAIT_S)}}
     for hops in floor.values():
         hops["both_p50_ms"] = round((hops["http"]["round_trip_p50_us"] + hops["grpc"]["round_trip_p50_us"]) / 1000, 3)
     print({"machine_floor": floor}, file=sys.stderr, flush=True)
