@@ -221,16 +221,18 @@ def _count(workers: str) -> int:
     return parse_workers(workers)
 
 
-def _check_state_store(settings: Settings, command: str) -> None:
+def _check_state_store(settings: Settings, command: str, edge_processes: int = 1) -> None:
     """Exit with one line unless the shared state store (TRITONGATE_STATE_URL) parses and answers."""
     import asyncio
 
-    from edge.state import StateUrlError, StoreUnavailable, check_store
+    from edge.state import StateUrlError, StoreUnavailable, check_store, unshared_warning
 
     try:
         log.info("state store: %s", asyncio.run(check_store(settings.state_url)))
     except (StateUrlError, StoreUnavailable) as exc:
         sys.exit(f"tritongate {command}: error: {exc}")
+    if warning := unshared_warning(settings.state_url, edge_processes):
+        log.warning("%s", warning)
 
 
 def _run_edge(args: argparse.Namespace, argv: list[str], settings: Settings) -> None:
@@ -238,7 +240,7 @@ def _run_edge(args: argparse.Namespace, argv: list[str], settings: Settings) -> 
 
     from launcher.workers import run_edge_workers, shared_port_socket
 
-    _check_state_store(settings, "edge")
+    _check_state_store(settings, "edge", 1 if args.shared_port else settings.edge_workers)  # a worker: said once
     if settings.edge_workers > 1 and not args.shared_port:
         sys.exit(run_edge_workers(argv, settings.edge_workers, settings.shutdown_grace_s))
     from edge.app import create_app
@@ -311,9 +313,9 @@ def _chat(args: argparse.Namespace, settings: Settings) -> None:
 def _up(args: argparse.Namespace, settings: Settings) -> None:
     from launcher.stack import run_stack
 
-    _check_state_store(settings, "up")  # before Triton and the services take their minute to start
     default = _count(args.workers)
     processes = {"edge": _count(args.edge_workers) if args.edge_workers else default}
+    _check_state_store(settings, "up", processes["edge"])  # before Triton and the services take their minute
     for service in SERVICES:
         replicas = getattr(args, f"{service.name}_replicas")
         processes[service.name] = _count(replicas) if replicas else default

@@ -13,7 +13,8 @@ from urllib.parse import urlsplit
 
 from edge.state.base import Limits, Space, StateStore, StateUrlError, StoreUnavailable, redacted
 
-__all__ = ["Limits", "Space", "StateStore", "StateUrlError", "StoreUnavailable", "check_store", "open_store"]
+__all__ = ["Limits", "Space", "StateStore", "StateUrlError", "StoreUnavailable", "check_store", "open_store",
+           "unshared_warning"]
 
 REDIS_SCHEMES = ("redis", "rediss", "valkey", "valkeys")
 EXPECTED = "expected sqlite:///path, redis://host:port/db (or valkey://, rediss://) or memory://"
@@ -50,3 +51,11 @@ async def check_store(url: str) -> str:
     finally:
         await store.close()
     return store.name
+
+
+def unshared_warning(url: str, edge_processes: int) -> str | None:
+    """What to warn of when several edge processes would each keep their own state (`memory://`)."""
+    if edge_processes > 1 and urlsplit(url).scheme == "memory":
+        return (f"TRITONGATE_STATE_URL=memory:// keeps stored Responses and interactive sessions in each of the "
+                f"{edge_processes} edge processes: a follow-up that reaches another process will not find them")
+    return None

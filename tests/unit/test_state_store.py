@@ -12,7 +12,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from edge.state import Limits, StateStore, StateUrlError, StoreUnavailable, check_store, open_store
+from edge.state import Limits, StateStore, StateUrlError, StoreUnavailable, check_store, open_store, unshared_warning
 from edge.state.base import redacted
 from edge.state.memory import MemoryStore
 from edge.state.redis import RedisStore
@@ -173,3 +173,13 @@ def test_redacted_hides_only_the_password() -> None:
     assert redacted("redis://user:pw@host:6379/0") == "redis://user:***@host:6379/0"
     assert redacted("redis://host:6379/0") == "redis://host:6379/0"
     assert redacted("redis://:pw@[::1/0") == "redis://***@[::1/0"  # one that does not parse
+
+
+@pytest.mark.parametrize(("url", "processes", "warned"), [
+    ("memory://", 2, True), ("memory://", 1, False), ("sqlite:///tmp/state.sqlite3", 4, False),
+    ("redis://valkey:6379/0", 4, False),
+])
+def test_only_memory_with_several_edge_processes_is_warned_of(url: str, processes: int, warned: bool) -> None:
+    warning = unshared_warning(url, processes)
+    assert (warning is not None) == warned
+    assert warning is None or f"{processes} edge processes" in warning
