@@ -41,9 +41,11 @@ from tritongate.settings import Settings
 configure_logging()
 VECTOR = np.random.rand(1, 384).astype("<f4").tobytes()
 
+TIMINGS = common_pb2.Timings(queue_s=0.0001, tokenization_s=0.0002, inference_s=0.001)  # as a service reports
+
 def answer(request):
     return embed_pb2.EmbedResponse(model=request.model, embeddings=VECTOR, rows=1, dimensions=384,
-                                   usage=common_pb2.Usage(prompt_tokens=12, total_tokens=12))
+                                   usage=common_pb2.Usage(prompt_tokens=12, total_tokens=12), timings=TIMINGS)
 
 async def unary(request, timeout=None, metadata=None):
     return answer(request)
@@ -56,11 +58,11 @@ async def any_model(model, service):
     return None
 
 TOKENS = 64
-MESSAGES = [llm_pb2.GenerateResponse(accepted=llm_pb2.Accepted(prompt_tokens=10, choices=1)),
+MESSAGES = [llm_pb2.GenerateResponse(accepted=llm_pb2.Accepted(prompt_tokens=10, choices=1), timings=TIMINGS),
             *(llm_pb2.GenerateResponse(delta=llm_pb2.Delta(index=0, text=" fox")) for _ in range(TOKENS - 1)),
             llm_pb2.GenerateResponse(delta=llm_pb2.Delta(index=0, text=" fox", finish_reason="length")),
             llm_pb2.GenerateResponse(usage=common_pb2.Usage(prompt_tokens=10, completion_tokens=TOKENS,
-                                                            total_tokens=TOKENS + 10))]
+                                                            total_tokens=TOKENS + 10), timings=TIMINGS)]
 
 class Generate:
     # A Generate call played from memory; each read waits a turn of the loop, as a gRPC read does.
