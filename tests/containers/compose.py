@@ -98,8 +98,9 @@ class Compose:
         return f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"
 
     def handled(self, container: str, method: str) -> int:
-        """How many `method` calls a service replica has answered (its grpc_server_handled_total)."""
-        text = self.engine.podman("exec", container, "python", "-c", READ_METRICS, timeout=60).stdout
+        """How many `method` calls a service replica has answered (its grpc_server_handled_total); 0 while
+        its metrics cannot be read yet (a replica still starting has answered nothing)."""
+        text = self.engine.podman("exec", container, "python", "-c", READ_METRICS, timeout=60, check=False).stdout
         pattern = rf'grpc_server_handled_total{{[^}}]*grpc_method="{method}"[^}}]*}} (\S+)'
         return int(sum(float(value) for value in re.findall(pattern, text)))
 

@@ -2,7 +2,7 @@
 test skips with the reason), the images, and deploy/compose.yaml up as its own compose project, taken
 down at the end whatever happened. The timings and results the tests measure are printed at the end of
 the run (`container tier:` lines) and written to test-output/containers/results.json with the
-containers' logs."""
+containers' logs (both removed at the start of a run, so what is there is the last run's)."""
 
 from __future__ import annotations
 
@@ -33,6 +33,7 @@ def results(pytestconfig: pytest.Config) -> dict[str, Any]:
 
 @pytest.fixture(scope="session")
 def engine() -> containers.Engine:
+    clear_output()
     try:
         return containers.provision()
     except containers.Unavailable as exc:
@@ -63,7 +64,7 @@ def compose(engine: containers.Engine, images: dict[str, str]) -> Iterator[Compo
     try:
         yield project
     finally:
-        save_logs(project)
+        save_logs(project)  # a run that stopped before the `down` test (which saves them itself)
         project.down(check=False)
         project.sweep()
 
@@ -80,7 +81,14 @@ def stack(compose: Compose, results: dict[str, Any]) -> Compose:
     return compose
 
 
+def clear_output() -> None:
+    """Nothing of an earlier run in the output folder: the logs and results there are this run's."""
+    for stale in [*OUTPUT.glob("*.log"), OUTPUT / "results.json"]:
+        stale.unlink(missing_ok=True)
+
+
 def save_logs(compose: Compose) -> None:
+    """The containers' logs, while the containers exist (before `down` removes them)."""
     OUTPUT.mkdir(parents=True, exist_ok=True)
     for container in compose.containers(running=False):
         logs = compose.engine.podman("logs", "--tail", "300", container, check=False)

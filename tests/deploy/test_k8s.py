@@ -222,6 +222,8 @@ def test_the_edges_share_one_valkey_that_keeps_nothing_on_disk() -> None:
     assert valkey["image"].startswith("valkey/valkey:")
     args = valkey["args"]
     assert args[args.index("--save") + 1] == "" and args[args.index("--appendonly") + 1] == "no"
+    # Full, it refuses writes (the edge's 503) instead of evicting stored Responses or the store's own keys.
+    assert args[args.index("--maxmemory-policy") + 1] == "noeviction"
     assert "volumes" not in pod_spec(deployment) and "volumeMounts" not in valkey
     for _, c in tritongate_containers(K8S / "overlays" / "inference-pool"):
         if tritongate_args(c["args"]).command == "edge":
@@ -319,6 +321,14 @@ def test_triton_scales_on_nvidias_queue_to_compute_ratio() -> None:
         assert ports[monitor["podMetricsEndpoints"][0]["port"]] == 8002  # Triton's metrics port
     assert get("HorizontalPodAutoscaler", "triton", K8S / "overlays" / "triton-autoscale")["spec"]["minReplicas"] >= 1
     assert ("HorizontalPodAutoscaler", "triton") not in objects(K8S / "overlays" / "triton-keda")  # KEDA makes it
+
+
+def test_kedas_query_keeps_to_the_namespace_the_overlay_deploys_into() -> None:
+    overlay = K8S / "overlays" / "triton-keda"
+    namespaces = {doc["metadata"].get("namespace") for doc in render(overlay)}
+    (scaled,) = [doc for doc in render(overlay) if doc["kind"] == "ScaledObject"]
+    for trigger in scaled["spec"]["triggers"]:
+        assert re.findall(r'namespace="([^"]*)"', trigger["metadata"]["query"]) == list(namespaces), namespaces
 
 
 def test_the_inference_pool_routes_to_triton_pods_that_carry_tritongate() -> None:
