@@ -1,0 +1,154 @@
+"""What streamed deltas cost in gRPC messages between two Python processes, and what carrying many
+generations' deltas in one stream would save: the question behind one Generate stream per edge process.
+
+    python bench/grpc_messages.py [--seconds 4] > result.json
+
+A grpc.aio server (its own process, on uvloop, as the llm service runs) sends 4-character deltas as the
+llm service's `GenerateResponse` messages to a grpc.aio client (this process, as the edge), at a total
+rate of `rate` deltas a second spread over `generations`, in two ways:
+- `per_generation`: one server-streaming call per generation, a message per delta (the Generate RPC
+  today, where no two deltas of a generation meet within its join window);
+- `multiplexed`: one call for all of them, a message per millisecond carrying that millisecond's
+  deltas (a repeated `GenerateResponse`, each with its generation's index).
+Each side's CPU per delta comes from /proc (all threads).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import bench_main, free_port, process_cpu
+
+POINTS = [(16, 2500), (64, 2500), (64, 10000)]  # (generations, deltas a second in all)
+TICK_S = 0.001  # the multiplexed stream's message interval
+PER_GENERATION = "/bench.Deltas/PerGeneration"
+MULTIPLEXED = "/bench.Deltas/Multiplexed"
+
+# Shared by the server process and this one: the llm service's message, and a batch of them.
+MESSAGES = """
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from tritongate.llm.v1 import llm_pb2
+
+_FILE = descriptor_pb2.FileDescriptorProto(name="bench/deltas.proto", package="bench", syntax="proto3",
+                                           dependency=[llm_pb2.DESCRIPTOR.name])
+_FILE.message_type.add(name="Batch").field.add(
+    name="items", number=1, type=descriptor_pb2.FieldDescriptorProto.TYPE_MESSAGE,
+    label=descriptor_pb2.FieldDescriptorProto.LABEL_REPEATED, type_name=".tritongate.llm.v1.GenerateResponse")
+descriptor_pool.Default().Add(_FILE)
+Batch = message_factory.GetMessageClass(descriptor_pool.Default().FindMessageTypeByName("bench.Batch"))
+Response = llm_pb2.GenerateResponse
+Delta = llm_pb2.Delta
+"""
+
+SERVER = MESSAGES + """
+import asyncio, sys, time, grpc, uvloop
+
+def plan(request):  # "deltas,interval_s[,generations]"
+    fields = request.decode().split(",")
+    return int(fields[0]), float(fields[1]), int(fields[2]) if len(fields) > 2 else 1
+
+async def per_generation(request, context):
+    count, interval, _ = plan(request)
+    start = time.perf_counter()
+    for i in range(count):  # on a schedule, as a model produces them
+        await asyncio.sleep(max(0.0, start + i * interval - time.perf_counter()))
+        yield Response(delta=Delta(index=0, text=" fox"))
+
+async def multiplexed(request, context):
+    count, interval, generations = plan(request)  # interval: between one generation's deltas
+    start, sent, tick = time.perf_counter(), 0, 0
+    rate = generations / interval
+    while sent < count:
+        tick += 1
+        await asyncio.sleep(max(0.0, start + tick * TICK_S - time.perf_counter()))
+        due = min(count, int(tick * TICK_S * rate))
+        if due > sent:
+            yield Batch(items=[Response(delta=Delta(index=i % generations, text=" fox")) for i in range(sent, due)])
+            sent = due
+
+async def main():
+    server = grpc.aio.server()
+    identity = lambda raw: raw
+    server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("bench.Deltas", {
+        "PerGeneration": grpc.unary_stream_rpc_method_handler(per_generation, identity, Response.SerializeToString),
+        "Multiplexed": grpc.unary_stream_rpc_method_handler(multiplexed, identity, Batch.SerializeToString)})])
+    server.add_insecure_port(f"127.0.0.1:{sys.argv[1]}")
+    await server.start()
+    await server.wait_for_termination()
+
+TICK_S = float(sys.argv[2])
+uvloop.run(main())
+"""
+
+namespace: dict[str, Any] = {}
+exec(MESSAGES, namespace)  # the same message classes as the server's
+Batch, Response = namespace["Batch"], namespace["Response"]
+
+
+async def point(channel: grpc.aio.Channel, server: int, generations: int, rate: int, seconds: float,
+                multiplexed: bool) -> dict[str, Any]:
+    interval = generations / rate  # between one generation's deltas
+    per_generation_count = max(1, int(seconds / interval))
+    total = per_generation_count * generations
+    received = 0
+    before = process_cpu(server), process_cpu(os.getpid())
+    start = time.perf_counter()
+    if multiplexed:
+        call = channel.unary_stream(MULTIPLEXED, response_deserializer=Batch.FromString)
+        async for batch in call(f"{total},{interval},{generations}".encode()):
+            received += sum(1 for item in batch.items if item.delta.text)
+    else:
+        call = channel.unary_stream(PER_GENERATION, response_deserializer=Response.FromString)
+
+        async def one() -> int:
+            return sum([1 async for message in call(f"{per_generation_count},{interval}".encode())
+                        if message.delta.text])
+        received = sum(await asyncio.gather(*(one() for _ in range(generations))))
+    elapsed = time.perf_counter() - start
+    server_s, client_s = process_cpu(server) - before[0], process_cpu(os.getpid()) - before[1]
+    row = {"generations": generations, "rate": rate, "way": "multiplexed" if multiplexed else "per_generation",
+           "deltas": received, "deltas_per_s": round(received / elapsed),
+           "sender_cpu_us_per_delta": round(server_s / received * 1e6, 1),
+           "receiver_cpu_us_per_delta": round(client_s / received * 1e6, 1),
+           "together_us_per_delta": round((server_s + client_s) / received * 1e6, 1)}
+    print(row, file=sys.stderr, flush=True)
+    return row
+
+
+def _start_server(port: int) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-c", SERVER, str(port), str(TICK_S)])
+
+
+async def run(seconds: float) -> dict[str, Any]:
+    port = free_port()
+    server = _start_server(port)
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        await channel.channel_ready()
+        rows = []
+        for generations, rate in POINTS:
+            await point(channel, server.pid, generations, rate, 1, False)  # warm up
+            for multiplexed in (False, True, False, True):  # alternated
+                rows.append(await point(channel, server.pid, generations, rate, seconds, multiplexed))
+        return {"benchmark": "grpc_messages", "tick_s": TICK_S, "results": rows}
+    finally:
+        await channel.close(grace=None)
+        server.kill()
+        server.wait()
+
+
+if __name__ == "__main__":
+    import uvloop
+
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())  # as the edge runs
+    bench_main(__doc__, run)
