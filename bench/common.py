@@ -23,6 +23,7 @@ import os
 import shutil
 import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -53,6 +54,11 @@ PROCESSES = {"edge": 1, "services": 1}
 # `max_active` the LLMs' max_active_requests.
 TRITON: dict[str, Any] = {}
 _STACKS: list[LocalStack] = []  # the running private stack, for the CPU accounting of `compare`
+
+
+def start_script(source: str, port: int, **popen: Any) -> subprocess.Popen[bytes]:
+    """`source` run by this Python in a process of its own, with `port` as its argument."""
+    return subprocess.Popen([sys.executable, "-c", source, str(port)], **popen)
 
 
 def free_port() -> int:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -30,7 +29,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import BENCH_MODELS, CpuMeter, bench_main, free_port, private_stack, process_cpu
+from bench.common import BENCH_MODELS, CpuMeter, bench_main, free_port, private_stack, process_cpu, start_script
 from tritongate.settings import default_models_dir
 
 MODEL = "all-minilm-l6-v2"
@@ -66,15 +65,11 @@ def per_request_us(seconds: float, requests: int) -> float:
     return round(seconds / requests * 1e6, 1)
 
 
-def _start(source: str, port: int) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-c", source, str(port)])
-
-
 async def _bare(source: str, call: Any, calls: int = CALLS, idle_s: float = 0.0) -> dict[str, float]:
     """Start a bare server from `source`, warm up, then time `calls` sequential calls of `call(port)`, each
     after `idle_s` with both processes idle (as when a gateway waits on a model)."""
     port = free_port()
-    server = _start(source, port)
+    server = start_script(source, port)
     try:
         send = await call(port)
         for _ in range(200):

@@ -22,7 +22,7 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import bench_main, closed_loop, free_port, process_cpu
+from bench.common import bench_main, closed_loop, free_port, process_cpu, start_script
 
 CONCURRENCY = 32
 
@@ -96,7 +96,7 @@ uvicorn.run(app, port=int(sys.argv[1]), log_level="warning", loop="uvloop", http
 
 def _start(port: int, access_log: bool, log: IO[bytes]) -> subprocess.Popen[bytes]:
     env = {**os.environ, "TRITONGATE_ACCESS_LOG": str(access_log).lower()}
-    return subprocess.Popen([sys.executable, "-c", FAKED_EDGE, str(port)], env=env, stderr=log)
+    return start_script(FAKED_EDGE, port, env=env, stderr=log)
 
 
 async def measure(seconds: float, access_log: bool, streamed: bool = False) -> dict[str, Any]:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -27,7 +26,7 @@ import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import bench_main, free_port, process_cpu
+from bench.common import bench_main, free_port, process_cpu, start_script
 
 POINTS = [(16, 2500), (64, 2500), (64, 10000)]  # (generations, deltas a second in all)
 TICK_S = 0.001  # the multiplexed stream's message interval
@@ -50,7 +49,7 @@ Response = llm_pb2.GenerateResponse
 Delta = llm_pb2.Delta
 """
 
-SERVER = MESSAGES + """
+SERVER = MESSAGES + f"TICK_S = {TICK_S!r}\n" + """
 import asyncio, sys, time, grpc, uvloop
 
 def plan(request):  # "deltas,interval_s[,generations]"
@@ -86,7 +85,6 @@ async def main():
     await server.start()
     await server.wait_for_termination()
 
-TICK_S = float(sys.argv[2])
 uvloop.run(main())
 """
 
@@ -125,13 +123,9 @@ async def point(channel: grpc.aio.Channel, server: int, generations: int, rate: 
     return row
 
 
-def _start_server(port: int) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-c", SERVER, str(port), str(TICK_S)])
-
-
 async def run(seconds: float) -> dict[str, Any]:
     port = free_port()
-    server = _start_server(port)
+    server = start_script(SERVER, port)
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
     try:
         await channel.channel_ready()
