@@ -56,6 +56,12 @@ ECHO_STREAMS, LLM_STREAMS = "1,16,64", "1,4"  # the points: concurrent streams p
 MAX_TOKENS = {**dict.fromkeys(ECHOES, 64), SMOLLM2: 32}  # per request (SmolLM2's: --llm-max-tokens)
 
 OnTokens = Callable[[int], None]
+
+
+def with_interval(model: str) -> str:
+    """The id of `model`'s second entry, the one with `--stream-interval-ms`."""
+    return f"{model}-interval"
+
 Stream = Callable[[OnTokens], Awaitable[None]]
 
 
@@ -203,9 +209,12 @@ class EchoTokens:
         return self.tokens - before
 
 
-def edge_stream(http: aiohttp.ClientSession, tokenizer: Any, model: str, max_tokens: int) -> Stream:
-    """A chunk can carry several tokens (the llm service joins what a slow reader has not taken yet)."""
-    body = {"model": model, "prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0, "stream": True}
+def edge_stream(http: aiohttp.ClientSession, tokenizer: Any, model: str, max_tokens: int,
+                interval: bool = False) -> Stream:
+    """A chunk can carry several tokens (the llm service joins what a slow reader has not taken yet).
+    `interval`: the model's entry with the run's `--stream-interval-ms`."""
+    body = {"model": with_interval(model) if interval else model, "prompt": PROMPT, "max_tokens": max_tokens,
+            "temperature": 0, "stream": True}
 
     async def stream(on_tokens: OnTokens) -> None:
         count: Callable[[str], int] = EchoTokens(tokenizer) if model in ECHOES else \
@@ -231,7 +240,7 @@ async def share(ready: Callable[[], None], grpc_url: str, edge_url: str, tokeniz
     triton, http = InferenceServerClient(grpc_url), http_session(edge_url, max(concurrency, 1))
     try:
         stream = direct_stream(triton, tokenizer, model, max_tokens) if path == "direct_triton" else \
-            edge_stream(http, tokenizer, model, max_tokens)
+            edge_stream(http, tokenizer, model, max_tokens, interval=path == "edge_interval")
         await measure(stream, 1, 1.0)  # warm up
         ready()
         return await stream_load(stream, concurrency, seconds)
@@ -258,14 +267,23 @@ def arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"concurrent streams on SmolLM2 (default {LLM_STREAMS}; \"\": none)")
     parser.add_argument("--llm-max-tokens", type=int, default=MAX_TOKENS[SMOLLM2], metavar="N",
                         help=f"tokens per SmolLM2 request (default {MAX_TOKENS[SMOLLM2]})")
+    parser.add_argument("--stream-interval-ms", type=float, default=None, metavar="MS",
+                        help="also measure each point through a second entry of the model with this "
+                        "`stream_interval_ms` (its own row fields: `edge_interval`, `interval_*`)")
 
 
-async def run(seconds: float, echo_streams: list[int], llm_streams: list[int], llm_max_tokens: int) -> dict[str, Any]:
+async def run(seconds: float, echo_streams: list[int], llm_streams: list[int], llm_max_tokens: int,
+              stream_interval_ms: float | None) -> dict[str, Any]:
     points = [*((echo, n) for echo in ECHOES for n in echo_streams), *((SMOLLM2, n) for n in llm_streams)]
     max_tokens = {**MAX_TOKENS, SMOLLM2: llm_max_tokens}
     models = list(dict.fromkeys(model for model, _ in points))
     smollm2 = str(default_models_dir() / SMOLLM2)
-    entries = [{"name": name, "path": smollm2} for name in models]  # backends detected
+    entries: list[dict[str, Any]] = [{"name": name, "path": smollm2} for name in models]  # backends detected
+    paths = ["direct_triton", "edge"]
+    if stream_interval_ms is not None:
+        paths.append("edge_interval")
+        entries += [{"name": with_interval(name), "path": smollm2, "triton_model": name,
+                     "stream_interval_ms": stream_interval_ms} for name in models]
     with private_stack({"llm": entries}, models, (ROOT / "tests" / "triton_models",)) as stack:
         assert stack.triton is not None
         tokenizer = AutoTokenizer.from_pretrained(smollm2)
@@ -275,9 +293,11 @@ async def run(seconds: float, echo_streams: list[int], llm_streams: list[int], l
         results = []
         for model, concurrency in points:
             row: dict[str, Any] = {"model": model, "streams": concurrency, "max_tokens": max_tokens[model]}
-            meter = CpuMeter()
-            for name, stream in (("direct_triton", direct_stream(triton, tokenizer, model, max_tokens[model])),
-                                 ("edge", edge_stream(http, tokenizer, model, max_tokens[model]))):
+            cpu: dict[str, dict[str, float]] = {}  # per path through the edge
+            for name in paths:
+                stream = direct_stream(triton, tokenizer, model, max_tokens[model]) if name == "direct_triton" else \
+                    edge_stream(http, tokenizer, model, max_tokens[model], interval=name == "edge_interval")
+                meter = CpuMeter()
                 if processes:
                     load = Load(share, (stack.triton.grpc_url, stack.edge_url, smollm2, model, max_tokens[model]))
                     shares = await processes.run(load, name, concurrency, seconds, meter.start)
@@ -287,11 +307,19 @@ async def run(seconds: float, echo_streams: list[int], llm_streams: list[int], l
                     await measure(stream, 1, 1.0)  # warm up
                     meter.start()
                     row[name] = await measure(stream, concurrency, seconds)
-                await asyncio.sleep(1.0)  # a pause between points
-            row["cpu_us_per_token"] = meter.per(int(row["edge"]["tokens_per_s"] * seconds))
-            row["tokens_per_s_ratio"] = ratio(row["edge"]["tokens_per_s"], row["direct_triton"]["tokens_per_s"])
-            if row["edge"]["ttft_p50_ms"] is not None and row["direct_triton"]["ttft_p50_ms"] is not None:
-                row["added_ttft_p50_ms"] = round(row["edge"]["ttft_p50_ms"] - row["direct_triton"]["ttft_p50_ms"], 2)
+                await asyncio.sleep(1.0)  # a pause between points (the requests still running finish)
+                cpu[name] = meter.per(int(row[name]["tokens_per_s"] * seconds))
+            for name, prefix in (("edge", ""), ("edge_interval", "interval_")):
+                if name not in row:
+                    continue
+                row[f"{prefix}cpu_us_per_token"] = cpu[name]
+                row[f"{prefix}tokens_per_s_ratio"] = ratio(row[name]["tokens_per_s"],
+                                                           row["direct_triton"]["tokens_per_s"])
+                if row[name]["ttft_p50_ms"] is not None and row["direct_triton"]["ttft_p50_ms"] is not None:
+                    row[f"{prefix}added_ttft_p50_ms"] = round(
+                        row[name]["ttft_p50_ms"] - row["direct_triton"]["ttft_p50_ms"], 2)
+            if stream_interval_ms is not None:
+                row["stream_interval_ms"] = stream_interval_ms
             print(json.dumps(row), file=sys.stderr, flush=True)
             results.append(row)
         await http.close()

@@ -270,6 +270,12 @@ class LlmModel(TritonModelEntry):
     max_completion_tokens: Annotated[int, Field(gt=0)] | None = Field(
         None, description="Most tokens one completion may generate (`max_tokens`); default: the rest of the context"
     )
+    stream_interval_ms: Annotated[float, Field(ge=0, le=1000)] = Field(
+        1.0, description="Least time between two streamed messages of one request: the tokens generated in between "
+        "go out together (as vLLM's and SGLang's `stream_interval`, in time). The first token never waits. Raise it "
+        "for a fast model on a GPU server (e.g. 20-50) to cut the gateway's CPU per token; 0: a message as soon as "
+        "the service is free"
+    )
     # Beam search.
     max_beams: Annotated[int, Field(ge=0)] | None = Field(
         None, description="Most beams of beam search (`num_beams`), below what the backend takes; 0 or 1: no beam "

@@ -207,10 +207,11 @@ T = TypeVar("T")
 # microseconds; on a busy one it is long, and what the streams produce meanwhile goes in the same message
 # (at 64 echo streams on 2 cores, about 0.6 messages per token instead of 1.03).
 JOIN_TURNS = 4
-# A batch leaves no sooner than this after the previous one (the first at once: the time to first token is
-# untouched). A lone fast stream (one token every 0.3 ms from an echo model) otherwise sends a message per
-# token, and each message costs the service, the edge and the client their own wake-ups; at most a thousand
-# messages a second per generation, with the tokens of a millisecond in each, is invisible to a reader.
+# The default least time between two batches (a model's `stream_interval_ms`; the first batch leaves at once:
+# the time to first token is untouched). A lone fast stream (one token every 0.3 ms from an echo model)
+# otherwise sends a message per token, and each message costs the service, the edge and the client their own
+# wake-ups; at most a thousand messages a second per generation, with the tokens of a millisecond in each, is
+# invisible to a reader.
 MIN_INTERVAL_S = 0.001
 
 
@@ -230,11 +231,26 @@ def _turns(n: int) -> asyncio.Future[None]:
     return done
 
 
-async def merge(streams: Sequence[AsyncGenerator[T, None]]) -> AsyncIterator[list[T]]:
+def _resolve(future: asyncio.Future[None] | None) -> None:
+    if future is not None and not future.done():
+        future.set_result(None)
+
+
+async def merge(streams: Sequence[AsyncGenerator[T, None]], min_interval_s: float = MIN_INTERVAL_S
+                ) -> AsyncIterator[list[T]]:
     """Items of concurrent streams, in batches: everything that arrived while the consumer was busy, or
-    within `JOIN_TURNS` turns of the loop after the batch's first item, or until `MIN_INTERVAL_S` after the
-    previous batch left, comes together. The first failure cancels the rest."""
+    within `JOIN_TURNS` turns of the loop after the batch's first item, or until `min_interval_s` after the
+    previous batch left, comes together; a stream's end cuts that wait short (its last item, a completion's
+    finish, is not held back). The first failure cancels the rest."""
     queue: asyncio.Queue[tuple[T] | BaseException | None] = asyncio.Queue()  # (item,) | failure | end
+    ended = False  # a stream ended since the last batch
+    wake: asyncio.Future[None] | None = None  # the interval's wait, while it lasts
+
+    def end(marker: BaseException | None) -> None:
+        nonlocal ended
+        queue.put_nowait(marker)
+        ended = True
+        _resolve(wake)
 
     async def pump(stream: AsyncGenerator[T, None]) -> None:
         try:
@@ -242,9 +258,9 @@ async def merge(streams: Sequence[AsyncGenerator[T, None]]) -> AsyncIterator[lis
                 async for item in items:
                     queue.put_nowait((item,))
         except Exception as exc:
-            queue.put_nowait(exc)
+            end(exc)
         else:
-            queue.put_nowait(None)
+            end(None)
 
     tasks = [asyncio.create_task(pump(stream)) for stream in streams]
     loop = asyncio.get_running_loop()
@@ -254,8 +270,18 @@ async def merge(streams: Sequence[AsyncGenerator[T, None]]) -> AsyncIterator[lis
         while running:
             batch, failure = [], None
             message = await queue.get()
-            wait = left + MIN_INTERVAL_S - loop.time()
-            await (asyncio.sleep(wait) if wait > 0 else _turns(JOIN_TURNS))
+            wait = left + min_interval_s - loop.time()
+            if wait <= 0 or ended:
+                await _turns(JOIN_TURNS)
+            else:  # as asyncio.sleep(wait), which a stream's end resolves early
+                wake = loop.create_future()
+                timer = loop.call_later(wait, _resolve, wake)
+                try:
+                    await wake
+                finally:
+                    timer.cancel()
+                    wake = None
+            ended = False
             while True:
                 if isinstance(message, BaseException):
                     failure = message

@@ -252,7 +252,7 @@ class LanguageModel(ServedModel):
         yield llm_pb2.GenerateResponse(accepted=llm_pb2.Accepted(prompt_tokens=prompts.tokens,
                                                                  choices=len(completions)), timings=stages.proto())
         start = time.perf_counter()
-        async for batch in merge(streams):
+        async for batch in merge(streams, self.entry.stream_interval_ms / 1000):
             for delta in coalesce(batch):
                 yield llm_pb2.GenerateResponse(delta=delta)
         stages.inference = time.perf_counter() - start

@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-from services.llm import completion as completion_module
 from services.llm.completion import JOIN_TURNS, Completion, coalesce, merge
 from services.llm.detokenizer import TokenDecoding
 from tritongate.llm.v1 import llm_pb2
@@ -135,18 +134,28 @@ async def test_merge_joins_what_arrives_within_a_few_turns_of_the_loop_and_no_la
     assert batches == [["a", "b"], ["c"]]
 
 
-async def test_after_the_first_batch_what_comes_within_the_interval_leaves_together(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(completion_module, "MIN_INTERVAL_S", 0.2)  # far longer than the stream takes
+async def _fast() -> AsyncGenerator[int, None]:
+    for value in range(8):
+        for _ in range(JOIN_TURNS + 2):  # each item after the previous batch's join window
+            await asyncio.sleep(0)
+        yield value
 
-    async def fast() -> AsyncGenerator[int, None]:
-        for value in range(8):
-            for _ in range(JOIN_TURNS + 2):  # each item after the previous batch's join window
-                await asyncio.sleep(0)
-            yield value
 
-    batches = [batch async for batch in merge([fast()])]
+async def test_after_the_first_batch_what_comes_within_the_interval_leaves_together() -> None:
+    batches = [batch async for batch in merge([_fast()], min_interval_s=0.2)]  # far longer than the stream takes
     assert batches == [[0], [1, 2, 3, 4, 5, 6, 7]]  # the first at once, the rest within the interval
+
+
+async def test_a_stream_that_ends_does_not_wait_out_the_interval() -> None:
+    async def collect() -> list[list[int]]:  # an hour's interval: only the end can let the last batch go
+        return [batch async for batch in merge([_fast()], min_interval_s=3600)]
+
+    assert await asyncio.wait_for(collect(), 30) == [[0], [1, 2, 3, 4, 5, 6, 7]]
+
+
+async def test_with_no_interval_each_item_past_the_join_window_leaves_alone() -> None:
+    batches = [batch async for batch in merge([_fast()], min_interval_s=0)]
+    assert batches == [[value] for value in range(8)]
 
 
 def test_coalesce_joins_increments_per_completion() -> None:
