@@ -21,6 +21,7 @@ import json
 import multiprocessing
 import os
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -377,6 +378,7 @@ def bench_main(doc: str | None, run: Callable[..., Coroutine[Any, Any, dict[str,
     if getattr(args, "load_processes", 0) > 0:
         LOAD["processes"] = LoadProcesses(args.load_processes)
     options = {key: value for key, value in vars(args).items() if key not in common}
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # as Ctrl-C: the stack it started stops too
     try:
         result = asyncio.run(run(args.seconds, **options))
     finally:
