@@ -272,9 +272,9 @@ class LlmModel(TritonModelEntry):
     )
     stream_interval_ms: Annotated[float, Field(ge=0, le=1000)] = Field(
         1.0, description="Least time between two streamed messages of one request: the tokens generated in between "
-        "go out together (as vLLM's and SGLang's `stream_interval`, in time). The first token never waits. Raise it "
-        "for a fast model on a GPU server (e.g. 20-50) to cut the gateway's CPU per token; 0: a message as soon as "
-        "the service is free"
+        "go out together (as vLLM's and SGLang's `stream_interval`, in time). The first token does not wait for it. "
+        "Raise it for a fast model on a GPU server (e.g. 20-50) to cut the gateway's CPU per token; 0: a message as "
+        "soon as the service is free"
     )
     # Beam search.
     max_beams: Annotated[int, Field(ge=0)] | None = Field(
