@@ -18,6 +18,9 @@ with "stream": true. Each point runs closed-loop for
 `--seconds` per path; tokens are counted as they arrive within that window (requests still running
 at its end finish uncounted). Prints one JSON document; ratio = edge / direct.
 
+`--stream-interval-ms MS` measures each point a third time, through a second entry of the same Triton
+model with that `stream_interval_ms` (docs/configuration.md): the edge path with and without it, in one run.
+
 On a GPU server: `--device`, `--max-active` and `--load-processes` (bench/common.py), SmolLM2 at more
 streams and tokens (`--echo-streams "" --llm-streams 1,16,64,256 --llm-max-tokens 128`; docs/benchmarks.md).
 """
@@ -56,13 +59,12 @@ ECHO_STREAMS, LLM_STREAMS = "1,16,64", "1,4"  # the points: concurrent streams p
 MAX_TOKENS = {**dict.fromkeys(ECHOES, 64), SMOLLM2: 32}  # per request (SmolLM2's: --llm-max-tokens)
 
 OnTokens = Callable[[int], None]
+Stream = Callable[[OnTokens], Awaitable[None]]
 
 
 def with_interval(model: str) -> str:
     """The id of `model`'s second entry, the one with `--stream-interval-ms`."""
     return f"{model}-interval"
-
-Stream = Callable[[OnTokens], Awaitable[None]]
 
 
 class _Request:
@@ -293,7 +295,7 @@ async def run(seconds: float, echo_streams: list[int], llm_streams: list[int], l
         results = []
         for model, concurrency in points:
             row: dict[str, Any] = {"model": model, "streams": concurrency, "max_tokens": max_tokens[model]}
-            cpu: dict[str, dict[str, float]] = {}  # per path through the edge
+            cpu: dict[str, dict[str, float]] = {}  # the gateway's, per path
             for name in paths:
                 stream = direct_stream(triton, tokenizer, model, max_tokens[model]) if name == "direct_triton" else \
                     edge_stream(http, tokenizer, model, max_tokens[model], interval=name == "edge_interval")
