@@ -192,7 +192,7 @@ def test_openai_sdk(client: openai.OpenAI, backend: EchoBackend) -> None:
     assert streamed[-1].usage is not None and streamed[-1].usage.completion_tokens == 3
 
 
-def test_a_stream_interval_joins_the_tokens_in_between_and_the_first_waits_for_nothing(
+def test_a_stream_interval_joins_the_tokens_in_between_and_the_first_leaves_alone(
         client: openai.OpenAI) -> None:
     # ft-echo-interval: a token every 20 ms, a message at most every second (`stream_interval_ms`).
     prompt = "one two three four five six seven eight nine ten eleven twelve"
