@@ -231,8 +231,8 @@ def _turns(n: int) -> asyncio.Future[None]:
     return done
 
 
-def _resolve(future: asyncio.Future[None] | None) -> None:
-    if future is not None and not future.done():
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
         future.set_result(None)
 
 
@@ -243,14 +243,12 @@ async def merge(streams: Sequence[AsyncGenerator[T, None]], min_interval_s: floa
     previous batch left, comes together; a stream's end cuts that wait short (its last item, a completion's
     finish, is not held back). The first failure cancels the rest."""
     queue: asyncio.Queue[tuple[T] | BaseException | None] = asyncio.Queue()  # (item,) | failure | end
-    ended = False  # a stream ended since the last batch
-    wake: asyncio.Future[None] | None = None  # the interval's wait, while it lasts
+    loop = asyncio.get_running_loop()
+    ended = loop.create_future()  # done once a stream has ended since the last batch was drained
 
     def end(marker: BaseException | None) -> None:
-        nonlocal ended
         queue.put_nowait(marker)
-        ended = True
-        _resolve(wake)
+        _resolve(ended)
 
     async def pump(stream: AsyncGenerator[T, None]) -> None:
         try:
@@ -263,7 +261,6 @@ async def merge(streams: Sequence[AsyncGenerator[T, None]], min_interval_s: floa
             end(None)
 
     tasks = [asyncio.create_task(pump(stream)) for stream in streams]
-    loop = asyncio.get_running_loop()
     try:
         running = len(tasks)
         left = float("-inf")  # when the last batch left
@@ -271,17 +268,15 @@ async def merge(streams: Sequence[AsyncGenerator[T, None]], min_interval_s: floa
             batch, failure = [], None
             message = await queue.get()
             wait = left + min_interval_s - loop.time()
-            if wait <= 0 or ended:
+            if wait <= 0 or ended.done():
                 await _turns(JOIN_TURNS)
-            else:  # as asyncio.sleep(wait), which a stream's end resolves early
-                wake = loop.create_future()
-                timer = loop.call_later(wait, _resolve, wake)
+            else:  # as asyncio.sleep(wait), cut short by a stream's end
+                timer = loop.call_later(wait, _resolve, ended)
                 try:
-                    await wake
+                    await ended
                 finally:
                     timer.cancel()
-                    wake = None
-            ended = False
+            ended = loop.create_future()  # the ends queued so far are drained below
             while True:
                 if isinstance(message, BaseException):
                     failure = message
