@@ -205,6 +205,11 @@ class ModelMeter:
                 "rows_per_execution": round(rows / executions, 2) if executions else 0.0}
 
 
+def percentile_ms(ordered: list[float], q: float) -> float:
+    """The `q` quantile of sorted durations in seconds (the value at rank n·q), in milliseconds."""
+    return round(ordered[min(len(ordered) - 1, int(len(ordered) * q))] * 1000, 2)
+
+
 def summarize(latencies: list[float], elapsed: float, items_per_request: int) -> dict[str, float]:
     ordered = sorted(latencies)
     return {
@@ -212,7 +217,7 @@ def summarize(latencies: list[float], elapsed: float, items_per_request: int) ->
         "requests_per_s": round(len(ordered) / elapsed, 1),
         "items_per_s": round(len(ordered) * items_per_request / elapsed, 1),
         "p50_ms": round(statistics.median(ordered) * 1000, 2),
-        "p99_ms": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1000, 2),
+        "p99_ms": percentile_ms(ordered, 0.99),
     }
 
 

@@ -33,7 +33,7 @@ import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import bench_main, free_port, process_cpu, start_script
+from bench.common import bench_main, free_port, percentile_ms, process_cpu, start_script
 
 POINTS = [(16, 2500), (64, 2500), (64, 10000)]  # (generations, deltas a second in all)
 TICK_S = 0.001  # the multiplexed stream's message interval
@@ -152,11 +152,6 @@ async def point(channel: grpc.aio.Channel, server: int, generations: int, rate: 
     return row
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return round(ordered[min(len(ordered) - 1, int(len(ordered) * q))] * 1e3, 2)
-
-
 async def starts_point(channel: grpc.aio.Channel, seconds: float, on_stream: bool, work_us: float
                        ) -> dict[str, Any]:
     """Bursts of starts while `START_LOAD` streams: each start's time to its first message."""
@@ -187,8 +182,7 @@ async def starts_point(channel: grpc.aio.Channel, seconds: float, on_stream: boo
         call = channel.unary_stream(START, request_serializer=None, response_deserializer=Response.FromString)(b"")
         await call.read()
         took = time.perf_counter() - begin
-        while await call.read() is not EOF:  # the call's end
-            pass
+        await _drain(call)  # the call's end
         return took
 
     reader = asyncio.create_task(replies()) if stream is not None else None
@@ -206,16 +200,17 @@ async def starts_point(channel: grpc.aio.Channel, seconds: float, on_stream: boo
         await reader
     load.cancel()
     await asyncio.gather(load, return_exceptions=True)
+    latencies.sort()
     row = {"way": "on_stream" if on_stream else "new_call", "server_work_us_per_delta": work_us,
            "starts": len(latencies),
-           "first_message_p50_ms": percentile(latencies, 0.5), "first_message_p90_ms": percentile(latencies, 0.9),
-           "first_message_p99_ms": percentile(latencies, 0.99)}
+           **{f"first_message_p{q}_ms": percentile_ms(latencies, q / 100) for q in (50, 90, 99)}}
     print(row, file=sys.stderr, flush=True)
     return row
 
 
 async def _drain(call: Any) -> None:
-    async for _ in call:
+    """Read a call to its end (with `read()`, which a call already read from must keep using)."""
+    while await call.read() is not EOF:
         pass
 
 

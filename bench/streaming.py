@@ -47,7 +47,7 @@ from tritonclient.grpc.aio import InferenceServerClient
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import CpuMeter, Load, bench_main, load_processes, private_stack, ratio
+from bench.common import CpuMeter, Load, bench_main, load_processes, percentile_ms, private_stack, ratio
 from services.common.triton import make_input
 from tritongate.settings import default_models_dir
 
@@ -122,7 +122,7 @@ def summary(tokens: int, ttfts: list[float], seconds: float) -> dict[str, Any]:
         "tokens_per_s": round(tokens / seconds, 1),
         "requests_started": len(ordered),
         "ttft_p50_ms": round(statistics.median(ordered) * 1000, 2) if ordered else None,
-        "ttft_p90_ms": round(ordered[int(len(ordered) * 0.9)] * 1000, 2) if ordered else None,
+        "ttft_p90_ms": percentile_ms(ordered, 0.9) if ordered else None,
     }
 
 
