@@ -4,8 +4,9 @@ nvidia-pytriton wheel, serving a normal model repository on the CPU.
 Two things make the wheel's binary work with a virtualenv (see docs/embedded-triton.md):
 - the Python-backend stub must load the running interpreter's libpython, so its LIBDIR goes first on
   LD_LIBRARY_PATH (the wheel bundles another libpython that crashes the stub);
-- the stub runs the base interpreter in isolated mode, so the demo models put the virtualenv's
-  site-packages first on sys.path themselves, from TRITONGATE_SITE_PACKAGES.
+- the stub runs the `python3` it finds on the PATH, in isolated mode: the running interpreter's folder
+  goes first on the PATH, and the demo models also put its site-packages first on sys.path themselves,
+  from TRITONGATE_SITE_PACKAGES.
 """
 
 from __future__ import annotations
@@ -70,6 +71,9 @@ def server_env(models_dir: Path) -> dict[str, str]:
     env = dict(os.environ)
     paths = [libdir, str(libs), env.get("LD_LIBRARY_PATH", "")]
     env["LD_LIBRARY_PATH"] = ":".join(p for p in paths if p)
+    # The stub takes its interpreter's prefix, and so its site-packages, from the `python3` on the PATH:
+    # this interpreter's, not that of whichever environment is active.
+    env["PATH"] = os.pathsep.join(p for p in (os.path.dirname(sys.executable), env.get("PATH", "")) if p)
     env["TRITONGATE_SITE_PACKAGES"] = sysconfig.get_paths()["purelib"]
     env["TRITONGATE_MODELS_DIR"] = str(models_dir)
     return env
