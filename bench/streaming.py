@@ -1,7 +1,7 @@
 """Streaming generation: time to first token and streamed tokens/s, through the edge vs straight to
 Triton over gRPC, same model, same prompts, in one run.
 
-    python bench/streaming.py [--seconds 10] [--echo-streams 1,16,64] [--llm-streams 1,4] > result.json
+    python bench/streaming.py [--seconds 10] [--echo-models NAME,...] [--echo-streams 1,16,64] [--llm-streams 1,4]
 
 Starts its own Triton (the echo model of each Triton LLM interface from the test repository, and the
 SmolLM2 demo), llm service and edge on free ports. The echo models are deterministic and cost nothing
@@ -262,7 +262,17 @@ def streams(text: str) -> list[int]:
     return parsed
 
 
+def echo_models(text: str) -> list[str]:
+    """"ft-echo,vllm-echo" -> those echo models, in ECHOES' order."""
+    names = {name.strip() for name in text.split(",") if name.strip()}
+    if not names or names - set(ECHOES):
+        raise argparse.ArgumentTypeError(f"expected echo models among {','.join(ECHOES)}, got {text!r}")
+    return [name for name in ECHOES if name in names]
+
+
 def arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--echo-models", type=echo_models, default=list(ECHOES), metavar="NAME,...",
+                        help=f"which echo models (default all: {','.join(ECHOES)})")
     parser.add_argument("--echo-streams", type=streams, default=streams(ECHO_STREAMS), metavar="N,...",
                         help=f"concurrent streams per echo model (default {ECHO_STREAMS}; \"\": no echo model)")
     parser.add_argument("--llm-streams", type=streams, default=streams(LLM_STREAMS), metavar="N,...",
@@ -274,9 +284,9 @@ def arguments(parser: argparse.ArgumentParser) -> None:
                         "`stream_interval_ms` (its own row fields: `edge_interval`, `interval_*`)")
 
 
-async def run(seconds: float, echo_streams: list[int], llm_streams: list[int], llm_max_tokens: int,
-              stream_interval_ms: float | None) -> dict[str, Any]:
-    points = [*((echo, n) for echo in ECHOES for n in echo_streams), *((SMOLLM2, n) for n in llm_streams)]
+async def run(seconds: float, echo_models: list[str], echo_streams: list[int], llm_streams: list[int],
+              llm_max_tokens: int, stream_interval_ms: float | None) -> dict[str, Any]:
+    points = [*((echo, n) for echo in echo_models for n in echo_streams), *((SMOLLM2, n) for n in llm_streams)]
     max_tokens = {**MAX_TOKENS, SMOLLM2: llm_max_tokens}
     models = list(dict.fromkeys(model for model, _ in points))
     smollm2 = str(default_models_dir() / SMOLLM2)
