@@ -161,7 +161,7 @@ async def starts_point(channel: grpc.aio.Channel, seconds: float, on_stream: boo
     plan = f"{int(seconds / interval) + 50},{interval},1,{work_us}".encode()  # longer than the point
     load = asyncio.gather(*(_drain(streaming(plan)) for _ in range(generations)))
     waits: dict[int, asyncio.Future[None]] = {}
-    stream = channel.stream_stream(STARTS, request_serializer=lambda raw: raw,
+    stream = channel.stream_stream(STARTS, request_serializer=None,
                                    response_deserializer=Response.FromString)(None) if on_stream else None
 
     async def replies() -> None:  # the stream's answers, to their starts

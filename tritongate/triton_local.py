@@ -65,15 +65,18 @@ def prepare_server(cache_dir: Path) -> Path:
     return target
 
 
+def _put_first(env: dict[str, str], variable: str, *folders: str) -> None:
+    """`folders` (empty ones skipped) ahead of what the search-path `variable` already holds."""
+    env[variable] = os.pathsep.join(p for p in (*folders, env.get(variable, "")) if p)
+
+
 def server_env(models_dir: Path) -> dict[str, str]:
     libs = Path(_dist_dir()).parent.parent / "nvidia_pytriton.libs"
-    libdir = sysconfig.get_config_var("LIBDIR") or ""
     env = dict(os.environ)
-    paths = [libdir, str(libs), env.get("LD_LIBRARY_PATH", "")]
-    env["LD_LIBRARY_PATH"] = ":".join(p for p in paths if p)
+    _put_first(env, "LD_LIBRARY_PATH", sysconfig.get_config_var("LIBDIR") or "", str(libs))
     # The stub takes its interpreter's prefix, and so its site-packages, from the `python3` on the PATH:
     # this interpreter's, not that of whichever environment is active.
-    env["PATH"] = os.pathsep.join(p for p in (os.path.dirname(sys.executable), env.get("PATH", "")) if p)
+    _put_first(env, "PATH", os.path.dirname(sys.executable))
     env["TRITONGATE_SITE_PACKAGES"] = sysconfig.get_paths()["purelib"]
     env["TRITONGATE_MODELS_DIR"] = str(models_dir)
     return env
