@@ -15,18 +15,19 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 import grpc
 
 from edge.coalesce import BatchCalls, Coalescer
 from edge.errors import OpenAIError, bad_request, from_grpc, from_item, model_not_found
+from edge.many import GenerateStreams, ManyGeneration
 from edge.telemetry import TokenTimer, current
 from tritongate.batching import EDGE_SLOTS
 from tritongate.common.v1 import common_pb2, tokenizer_pb2, tokenizer_pb2_grpc
 from tritongate.embed.v1 import embed_pb2
 from tritongate.llm.v1 import llm_pb2
-from tritongate.logs import request_metadata
+from tritongate.logs import REQUEST_ID, request_metadata
 from tritongate.registry import BY_KIND, EMBED, LLM, RERANK, ServiceInfo
 from tritongate.rerank.v1 import rerank_pb2
 from tritongate.settings import Settings
@@ -123,6 +124,9 @@ class ServiceClient:
     def item_failure(self, error: common_pb2.ItemError) -> OpenAIError:
         return from_item(error, self.service.name, self.retry_after_s)
 
+    async def close(self) -> None:
+        await self.channel.close(None)
+
     async def tokenize(self, request: tokenizer_pb2.TokenizeRequest) -> tokenizer_pb2.TokenizeResponse:
         return await self._call(self.tokenizer.Tokenize, request)
 
@@ -187,34 +191,76 @@ class LlmClient(ServiceClient):
     service = LLM
     stub: LlmServiceAsyncStub
 
+    def __init__(self, channel: grpc.aio.Channel, directory: ModelDirectory, timeout: float,
+                 retry_after_s: int = 1, streams: int = 0) -> None:
+        super().__init__(channel, directory, timeout, retry_after_s)
+        # `streams` GenerateMany streams carry the generations (edge/many.py); 0: a Generate call each.
+        self.streams = GenerateStreams(self.stub, streams, self.failure, self.item_failure) if streams else None
+
     async def generate(self, request: llm_pb2.GenerateRequest, names: Mapping[str, str] | None = None) -> Generation:
-        """Start a Generate stream (nothing is read yet). `names`: the client's name of each GenerateRequest
+        """Start a generation (nothing is read yet). `names`: the client's name of each GenerateRequest
         field it calls otherwise, for the parameter a refusal names."""
         await self._route_and_label(request.model)
-        call = self.stub.Generate(request, timeout=self.timeout, metadata=request_metadata())
-        return Generation(call, self, names or {})
+        messages: Messages
+        if self.streams is not None:
+            context = common_pb2.ItemContext(request_id=REQUEST_ID.get(), timeout_s=self.timeout)
+            messages = ManyGeneration(self.streams, request, context)
+        else:
+            messages = _Call(self.stub.Generate(request, timeout=self.timeout, metadata=request_metadata()), self)
+        return Generation(messages, self, names or {})
+
+    async def close(self) -> None:
+        if self.streams is not None:
+            await self.streams.close()
+        await super().close()
+
+
+class Messages(Protocol):
+    """Where a generation's messages come from: `next()` gives each, None after the last, and raises an
+    OpenAIError on failure; `cancel()` stops the generation."""
+
+    async def next(self) -> llm_pb2.GenerateResponse | None: ...
+
+    def cancel(self) -> None: ...
+
+
+class _Call:
+    """A Generate call of its own."""
+
+    __slots__ = ("call", "client")
+
+    def __init__(self, call: Any, client: LlmClient) -> None:
+        self.call = call  # grpc.aio.UnaryStreamCall[GenerateRequest, GenerateResponse]
+        self.client = client
+
+    async def next(self) -> llm_pb2.GenerateResponse | None:
+        try:
+            message = await self.call.read()
+        except grpc.aio.AioRpcError as exc:
+            raise self.client.failure(exc) from None
+        return None if message is EOF_ else message
+
+    def cancel(self) -> None:
+        self.call.cancel()
 
 
 class Generation:
-    """One Generate stream: `accepted()` first (until then, a failure is an ordinary HTTP error with the
-    right status), then `deltas()`. The usage that closes the stream goes on the Exchange."""
+    """One generation: `accepted()` first (until then, a failure is an ordinary HTTP error with the
+    right status), then `deltas()`. The usage that closes it goes on the Exchange."""
 
-    def __init__(self, call: Any, client: LlmClient, names: Mapping[str, str]) -> None:
-        self.call = call  # grpc.aio.UnaryStreamCall[GenerateRequest, GenerateResponse]
+    def __init__(self, messages: Messages, client: LlmClient, names: Mapping[str, str]) -> None:
+        self.messages = messages
         self.client = client
         self.names = names
         self.usage = common_pb2.Usage()
 
     async def _next(self) -> llm_pb2.GenerateResponse | None:
-        """The next message; None at the end of the stream; an OpenAIError (naming the client's own
-        parameter) on failure."""
+        """The next message; None at the end; an OpenAIError (naming the client's own parameter) on failure."""
         try:
-            message = await self.call.read()
-        except grpc.aio.AioRpcError as exc:
-            error = self.client.failure(exc)
+            return await self.messages.next()
+        except OpenAIError as error:
             error.param = self.names.get(error.param or "", error.param)
-            raise error from None
-        return None if message is EOF_ else message
+            raise
 
     async def accepted(self) -> llm_pb2.Accepted:
         first = await self._next()
@@ -224,7 +270,7 @@ class Generation:
         return first.accepted
 
     async def deltas(self) -> AsyncIterator[llm_pb2.Delta]:
-        """The stream's deltas; then `usage` holds what the service reported."""
+        """The deltas; then `usage` holds what the service reported."""
         exchange = current()
         timer = TokenTimer(exchange.model)
         while (message := await self._next()) is not None:
@@ -237,7 +283,7 @@ class Generation:
                 yield message.delta
 
     def cancel(self) -> None:
-        self.call.cancel()
+        self.messages.cancel()
 
 
 class ModelDirectory:
@@ -340,8 +386,10 @@ class ServiceClients:
             return kind(channel(kind), directory, settings.unary_timeout_s, settings.retry_after_s,
                         settings.calls_per_model)
 
-        return cls(directory, LlmClient(channel(LlmClient), directory, settings.request_timeout_s,
-                                        settings.retry_after_s), encoder(EmbedClient), encoder(RerankClient))
+        # With tracing on, each generation is a call of its own, so that each has its span.
+        llm = LlmClient(channel(LlmClient), directory, settings.request_timeout_s, settings.retry_after_s,
+                        0 if settings.otel else settings.llm_streams)
+        return cls(directory, llm, encoder(EmbedClient), encoder(RerankClient))
 
     @property
     def all(self) -> list[ServiceClient]:
@@ -356,4 +404,4 @@ class ServiceClients:
 
     async def close(self) -> None:
         for client in self.all:
-            await client.channel.close(None)
+            await client.close()

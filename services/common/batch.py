@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import logging
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
@@ -21,15 +20,13 @@ import grpc
 
 from services.common.admission import Admission
 from services.common.encoder import EncoderModel
-from services.common.errors import ServiceError
+from services.common.errors import item_error
 from services.common.metrics import BATCHED
 from services.common.server import ModelSet
 from tritongate.batching import joined_id
 from tritongate.common.v1 import common_pb2
 from tritongate.logs import NO_REQUEST, REQUEST_ID, bind_request_id
 from tritongate.wire import OVERLOADED
-
-log = logging.getLogger(__name__)
 
 _CODE_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}  # a status code's number → its name
 
@@ -45,18 +42,6 @@ class Item(Protocol):
 
     @property
     def context(self) -> common_pb2.ItemContext: ...
-
-
-def item_error(exc: BaseException) -> common_pb2.ItemError:
-    """What a unary call would have ended with; anything unexpected is logged and is INTERNAL."""
-    if isinstance(exc, ServiceError):
-        if exc.code in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNAVAILABLE):
-            log.warning("%s: %s", exc.code.name, exc.message)
-        return common_pb2.ItemError(code=exc.code.value[0], message=exc.message, param=exc.param or "",
-                                    error_code=exc.error_code or "")
-    log.error("unexpected error in %s", type(exc).__name__, exc_info=exc)
-    return common_pb2.ItemError(code=grpc.StatusCode.INTERNAL.value[0],
-                                message="internal error in the service; see its log")
 
 
 async def serve_batch(models: ModelSet[M], request: Any, admission: Admission | None, method: str,

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 import grpc
 
+from tritongate.common.v1 import common_pb2
 from tritongate.wire import CODE_KEY, PARAM_KEY
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,19 @@ F = TypeVar("F", bound=Callable[..., Any])
 # Failures on this side (not the client's mistakes): logged, so the request id ties them to the edge's 5xx.
 _LOGGED = frozenset({grpc.StatusCode.INTERNAL, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
                      grpc.StatusCode.FAILED_PRECONDITION})
+
+
+def item_error(exc: BaseException) -> common_pb2.ItemError:
+    """The status an RPC failing with `exc` would have ended with, as the message that carries it where one
+    call serves several requests (the batch RPCs, GenerateMany); logged as `rpc` logs it."""
+    if isinstance(exc, ServiceError):
+        if exc.code in _LOGGED:
+            log.warning("%s: %s", exc.code.name, exc.message)
+        return common_pb2.ItemError(code=exc.code.value[0], message=exc.message, param=exc.param or "",
+                                    error_code=exc.error_code or "")
+    log.error("unexpected error in %s", type(exc).__name__, exc_info=exc)
+    return common_pb2.ItemError(code=grpc.StatusCode.INTERNAL.value[0],
+                                message="internal error in the service; see its log")
 
 
 async def _abort(context: grpc.aio.ServicerContext, exc: Exception) -> None:

@@ -24,6 +24,7 @@ from typing import Any
 import grpc
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
+from services.common.errors import ServiceError
 from services.common.interceptors import around, kind_of, method_of
 from tritongate.common.v1 import common_pb2
 from tritongate.logs import NO_REQUEST, bind_request_id, sane_request_id
@@ -70,6 +71,18 @@ def _code(context: grpc.aio.ServicerContext, error: BaseException | None) -> grp
     return grpc.StatusCode.UNKNOWN if error is not None else grpc.StatusCode.OK
 
 
+def _started(labels: tuple[str, str, str]) -> float:
+    STARTED.labels(*labels).inc()
+    IN_FLIGHT.labels(*labels).inc()
+    return time.perf_counter()
+
+
+def _handled(labels: tuple[str, str, str], start: float, code: grpc.StatusCode) -> None:
+    IN_FLIGHT.labels(*labels).dec()
+    HANDLED.labels(*labels, code.name).inc()
+    LATENCY.labels(*labels).observe(time.perf_counter() - start)
+
+
 class _Rpc:
     """Around one RPC: binds the caller's request id (each RPC runs in its own task, so it is that RPC's
     alone); counts it started and in flight on entry, handled with its code and latency on exit."""
@@ -81,14 +94,28 @@ class _Rpc:
 
     async def __aenter__(self) -> None:
         bind_request_id(self.request_id)
-        self.start = time.perf_counter()
-        STARTED.labels(*self.labels).inc()
-        IN_FLIGHT.labels(*self.labels).inc()
+        self.start = _started(self.labels)
 
     async def __aexit__(self, kind: object, error: BaseException | None, traceback: object) -> None:
-        IN_FLIGHT.labels(*self.labels).dec()
-        HANDLED.labels(*self.labels, _code(self.context, error).name).inc()
-        LATENCY.labels(*self.labels).observe(time.perf_counter() - self.start)
+        _handled(self.labels, self.start, _code(self.context, error))
+
+
+@contextmanager
+def counted_as(labels: tuple[str, str, str]) -> Iterator[None]:
+    """Counts a request that shares its RPC with others (a generation of GenerateMany) as the RPC of
+    `labels` would be counted; its code is that of the ServiceError it raised (INTERNAL for anything else)."""
+    start = _started(labels)
+    code = grpc.StatusCode.OK
+    try:
+        yield
+    except asyncio.CancelledError:
+        code = grpc.StatusCode.CANCELLED
+        raise
+    except BaseException as exc:
+        code = exc.code if isinstance(exc, ServiceError) else grpc.StatusCode.INTERNAL
+        raise
+    finally:
+        _handled(labels, start, code)
 
 
 def _request_id(metadata: Sequence[tuple[str, Any]] | None) -> str:

@@ -154,7 +154,8 @@ class ListModelsServicer(Generic[M]):
 
     def __init__(self, models: ModelSet[M]) -> None:
         self.models = models
-        self.admission: Admission | None = None  # the server's, for the batch RPCs' per-item slots
+        self.admission: Admission | None = None  # the server's, for the per-item slots of the RPCs that carry several
+        self.stopping = asyncio.Event()  # set while the server drains: requests on streams already open are refused
 
     @rpc
     async def ListModels(self, request: common_pb2.ListModelsRequest, context: grpc.aio.ServicerContext
@@ -189,10 +190,13 @@ class RunningService:
     health: HealthServicer
     watcher: asyncio.Task[None]
     triton: Triton
+    servicer: ListModelsServicer[Any]
 
     async def stop(self, grace: float | None) -> None:
-        """Report NOT_SERVING, refuse new RPCs, let those in flight finish within `grace`."""
+        """Report NOT_SERVING, refuse new RPCs (and new requests on streams already open), let those in
+        flight finish within `grace`."""
         await self.health.enter_graceful_shutdown()
+        self.servicer.stopping.set()
         self.watcher.cancel()
         await self.server.stop(grace)
         with contextlib.suppress(asyncio.CancelledError):
@@ -254,7 +258,7 @@ async def start_service(
     await server.start()
     log.info("%s listening on %s:%d%s", name, host, bound, " (TLS)" if credentials else "")
     watcher = asyncio.create_task(_watch_readiness(spec.models, health_servicer, ("", name), triton))
-    return RunningService(server, bound, health_servicer, watcher, triton)
+    return RunningService(server, bound, health_servicer, watcher, triton, spec.servicer)
 
 
 async def run_until_signalled(service: RunningService, grace_s: float) -> None:

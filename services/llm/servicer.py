@@ -8,6 +8,7 @@ import grpc
 
 from services.common.errors import rpc
 from services.common.server import ListModelsServicer
+from services.llm.many import ManyGenerations
 from services.llm.model import LanguageModel
 from tritongate.llm.v1 import llm_pb2, llm_pb2_grpc
 
@@ -19,3 +20,9 @@ class LlmServicer(ListModelsServicer[LanguageModel], llm_pb2_grpc.LlmServiceServ
         model = self.models.get(request.model)
         async for response in model.generate(request, context.time_remaining()):
             yield response
+
+    @rpc
+    async def GenerateMany(self, request_iterator: AsyncIterator[llm_pb2.GenerateCall],
+                           context: grpc.aio.ServicerContext) -> AsyncIterator[llm_pb2.GenerateEvents]:
+        async for events in ManyGenerations(self.models, self.admission, self.stopping).serve(request_iterator):
+            yield events

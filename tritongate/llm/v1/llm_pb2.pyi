@@ -751,3 +751,101 @@ class GenerateResponse(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType_event) -> _WhichOneofReturnType_event | None: ...
 
 Global___GenerateResponse: _TypeAlias = GenerateResponse  # noqa: Y015
+
+@_typing.final
+class GenerateCall(_message.Message):
+    """Starts or cancels one generation of a GenerateMany stream."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    START_FIELD_NUMBER: _builtins.int
+    CANCEL_FIELD_NUMBER: _builtins.int
+    CONTEXT_FIELD_NUMBER: _builtins.int
+    id: _builtins.int
+    """The caller's name for the generation, unique among those in flight on the stream."""
+    cancel: _builtins.bool
+    """Cancel the generation (always true): it ends with no further event."""
+    @_builtins.property
+    def start(self) -> Global___GenerateRequest:
+        """Start a generation: what Generate takes."""
+
+    @_builtins.property
+    def context(self) -> _common_pb2.ItemContext:
+        """With `start`: the request id and the deadline, as Generate's metadata and deadline carry them."""
+
+    def __init__(
+        self,
+        *,
+        id: _builtins.int = ...,
+        start: Global___GenerateRequest | None = ...,
+        cancel: _builtins.bool = ...,
+        context: _common_pb2.ItemContext | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "cancel", b"cancel", "context", b"context", "start", b"start"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "cancel", b"cancel", "context", b"context", "id", b"id", "start", b"start"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_action: _TypeAlias = _typing.Literal["start", "cancel"]  # noqa: Y015
+    _WhichOneofArgType_action: _TypeAlias = _typing.Literal["action", b"action"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_action) -> _WhichOneofReturnType_action | None: ...
+
+Global___GenerateCall: _TypeAlias = GenerateCall  # noqa: Y015
+
+@_typing.final
+class GenerateEvent(_message.Message):
+    """One event of one generation of a GenerateMany stream."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    RESPONSE_FIELD_NUMBER: _builtins.int
+    FAILURE_FIELD_NUMBER: _builtins.int
+    id: _builtins.int
+    """The generation's `id`."""
+    @_builtins.property
+    def response(self) -> Global___GenerateResponse:
+        """What Generate would have sent; `usage` ends the generation."""
+
+    @_builtins.property
+    def failure(self) -> _common_pb2.ItemError:
+        """The generation failed (no further event): the status Generate would have ended with."""
+
+    def __init__(
+        self,
+        *,
+        id: _builtins.int = ...,
+        response: Global___GenerateResponse | None = ...,
+        failure: _common_pb2.ItemError | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["event", b"event", "failure", b"failure", "response", b"response"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["event", b"event", "failure", b"failure", "id", b"id", "response", b"response"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["response", "failure"]  # noqa: Y015
+    _WhichOneofArgType_event: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_event) -> _WhichOneofReturnType_event | None: ...
+
+Global___GenerateEvent: _TypeAlias = GenerateEvent  # noqa: Y015
+
+@_typing.final
+class GenerateEvents(_message.Message):
+    """The events of a GenerateMany stream that were ready together, each generation's in order."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EVENTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def events(self) -> _containers.RepeatedCompositeFieldContainer[Global___GenerateEvent]: ...
+    def __init__(
+        self,
+        *,
+        events: _abc.Iterable[Global___GenerateEvent] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["events", b"events"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GenerateEvents: _TypeAlias = GenerateEvents  # noqa: Y015

@@ -40,6 +40,11 @@ class LlmServiceStub:
                 request_serializer=tritongate_dot_llm_dot_v1_dot_llm__pb2.GenerateRequest.SerializeToString,
                 response_deserializer=tritongate_dot_llm_dot_v1_dot_llm__pb2.GenerateResponse.FromString,
                 _registered_method=True)
+        self.GenerateMany = channel.stream_stream(
+                '/tritongate.llm.v1.LlmService/GenerateMany',
+                request_serializer=tritongate_dot_llm_dot_v1_dot_llm__pb2.GenerateCall.SerializeToString,
+                response_deserializer=tritongate_dot_llm_dot_v1_dot_llm__pb2.GenerateEvents.FromString,
+                _registered_method=True)
         self.ListModels = channel.unary_unary(
                 '/tritongate.llm.v1.LlmService/ListModels',
                 request_serializer=tritongate_dot_common_dot_v1_dot_common__pb2.ListModelsRequest.SerializeToString,
@@ -60,6 +65,18 @@ class LlmServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GenerateMany(self, request_iterator, context):
+        """Many generations on one stream, for a caller that keeps it open (the edge: a few per process). Each
+        `GenerateCall` starts or cancels one generation, named by the caller's `id`; each `GenerateEvents`
+        carries what every generation had to send at the same moment, so the cost of a message is paid once
+        for all of them. A generation's events are Generate's (`accepted`, the deltas, the `usage`), or a
+        `failure` that ends it with the status Generate would have ended with. After the caller closes its
+        side, the generations in flight finish and the stream ends; cancelling the call cancels them all.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListModels(self, request, context):
         """Lists the LLMs this service serves.
         """
@@ -74,6 +91,11 @@ def add_LlmServiceServicer_to_server(servicer, server):
                     servicer.Generate,
                     request_deserializer=tritongate_dot_llm_dot_v1_dot_llm__pb2.GenerateRequest.FromString,
                     response_serializer=tritongate_dot_llm_dot_v1_dot_llm__pb2.GenerateResponse.SerializeToString,
+            ),
+            'GenerateMany': grpc.stream_stream_rpc_method_handler(
+                    servicer.GenerateMany,
+                    request_deserializer=tritongate_dot_llm_dot_v1_dot_llm__pb2.GenerateCall.FromString,
+                    response_serializer=tritongate_dot_llm_dot_v1_dot_llm__pb2.GenerateEvents.SerializeToString,
             ),
             'ListModels': grpc.unary_unary_rpc_method_handler(
                     servicer.ListModels,
@@ -108,6 +130,33 @@ class LlmService:
             '/tritongate.llm.v1.LlmService/Generate',
             tritongate_dot_llm_dot_v1_dot_llm__pb2.GenerateRequest.SerializeToString,
             tritongate_dot_llm_dot_v1_dot_llm__pb2.GenerateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GenerateMany(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/tritongate.llm.v1.LlmService/GenerateMany',
+            tritongate_dot_llm_dot_v1_dot_llm__pb2.GenerateCall.SerializeToString,
+            tritongate_dot_llm_dot_v1_dot_llm__pb2.GenerateEvents.FromString,
             options,
             channel_credentials,
             insecure,

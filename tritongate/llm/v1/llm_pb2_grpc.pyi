@@ -38,6 +38,14 @@ class LlmServiceStub:
     is the `usage`. A request the service rejects fails before `accepted` (INVALID_ARGUMENT with the
     parameter in the `tg-param` trailing metadata). Cancelling the call cancels the Triton requests.
     """
+    GenerateMany: _grpc.StreamStreamMultiCallable[_llm_pb2.GenerateCall, _llm_pb2.GenerateEvents]
+    """Many generations on one stream, for a caller that keeps it open (the edge: a few per process). Each
+    `GenerateCall` starts or cancels one generation, named by the caller's `id`; each `GenerateEvents`
+    carries what every generation had to send at the same moment, so the cost of a message is paid once
+    for all of them. A generation's events are Generate's (`accepted`, the deltas, the `usage`), or a
+    `failure` that ends it with the status Generate would have ended with. After the caller closes its
+    side, the generations in flight finish and the stream ends; cancelling the call cancels them all.
+    """
     ListModels: _grpc.UnaryUnaryMultiCallable[_common_pb2.ListModelsRequest, _common_pb2.ListModelsResponse]
     """Lists the LLMs this service serves."""
 
@@ -49,6 +57,14 @@ class LlmServiceAsyncStub(LlmServiceStub):
     (`accepted`) comes once the request is valid, before any token; then `delta`s; the last message
     is the `usage`. A request the service rejects fails before `accepted` (INVALID_ARGUMENT with the
     parameter in the `tg-param` trailing metadata). Cancelling the call cancels the Triton requests.
+    """
+    GenerateMany: _aio.StreamStreamMultiCallable[_llm_pb2.GenerateCall, _llm_pb2.GenerateEvents]  # type: ignore[assignment]
+    """Many generations on one stream, for a caller that keeps it open (the edge: a few per process). Each
+    `GenerateCall` starts or cancels one generation, named by the caller's `id`; each `GenerateEvents`
+    carries what every generation had to send at the same moment, so the cost of a message is paid once
+    for all of them. A generation's events are Generate's (`accepted`, the deltas, the `usage`), or a
+    `failure` that ends it with the status Generate would have ended with. After the caller closes its
+    side, the generations in flight finish and the stream ends; cancelling the call cancels them all.
     """
     ListModels: _aio.UnaryUnaryMultiCallable[_common_pb2.ListModelsRequest, _common_pb2.ListModelsResponse]  # type: ignore[assignment]
     """Lists the LLMs this service serves."""
@@ -64,6 +80,20 @@ class LlmServiceServicer(metaclass=_abc_1.ABCMeta):
         (`accepted`) comes once the request is valid, before any token; then `delta`s; the last message
         is the `usage`. A request the service rejects fails before `accepted` (INVALID_ARGUMENT with the
         parameter in the `tg-param` trailing metadata). Cancelling the call cancels the Triton requests.
+        """
+
+    @_abc_1.abstractmethod
+    def GenerateMany(
+        self,
+        request_iterator: _MaybeAsyncIterator[_llm_pb2.GenerateCall],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_llm_pb2.GenerateEvents], _abc.AsyncIterator[_llm_pb2.GenerateEvents]]:
+        """Many generations on one stream, for a caller that keeps it open (the edge: a few per process). Each
+        `GenerateCall` starts or cancels one generation, named by the caller's `id`; each `GenerateEvents`
+        carries what every generation had to send at the same moment, so the cost of a message is paid once
+        for all of them. A generation's events are Generate's (`accepted`, the deltas, the `usage`), or a
+        `failure` that ends it with the status Generate would have ended with. After the caller closes its
+        side, the generations in flight finish and the stream ends; cancelling the call cancels them all.
         """
 
     @_abc_1.abstractmethod

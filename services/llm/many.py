@@ -1,0 +1,111 @@
+"""GenerateMany: many generations on one stream, their events written together.
+
+The edge keeps a few of these streams open instead of making a Generate call per request: starting a
+generation is then a message on an open stream, not a new RPC, and what the generations have to send at
+the same moment (a turn of the event loop, or while the previous message is being written) leaves as one
+message, so gRPC's cost per message is paid once for all of them.
+
+Each generation is served as Generate serves one: in a task of its own with its request id bound, an
+admission slot (refused with RESOURCE_EXHAUSTED beyond `max_in_flight`), counted in the RPC metrics as a
+Generate call, under its own deadline, and ended by a failure with the status Generate would have ended
+with (services/common/errors.py `item_error`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import AsyncIterator
+
+import grpc
+
+from services.common.admission import Admission
+from services.common.errors import ServiceError, invalid_argument, item_error
+from services.common.metrics import counted_as
+from services.common.server import ModelSet
+from services.llm.model import LanguageModel
+from tritongate.llm.v1 import llm_pb2
+from tritongate.logs import NO_REQUEST, bind_request_id, sane_request_id
+from tritongate.registry import LLM
+from tritongate.wire import OVERLOADED
+
+# Each generation counts as the Generate call it replaces.
+GENERATE_LABELS = (LLM.grpc_service, "Generate", "server_stream")
+
+
+class ManyGenerations:
+    """One GenerateMany stream: its generations, each in a task of its own, and the events they have ready."""
+
+    def __init__(self, models: ModelSet[LanguageModel], admission: Admission | None, stopping: asyncio.Event) -> None:
+        self.models = models
+        self.admission = admission
+        self.stopping = stopping  # set while the service drains: new generations go elsewhere
+        self.running: dict[int, asyncio.Task[None]] = {}
+        self.ready: list[llm_pb2.GenerateEvent] = []
+        self.wake = asyncio.Event()
+
+    async def serve(self, calls: AsyncIterator[llm_pb2.GenerateCall]) -> AsyncIterator[llm_pb2.GenerateEvents]:
+        """The stream's messages: whatever is ready whenever the previous one has been written; the end once
+        the caller has closed its side and every generation has ended."""
+        reader = asyncio.create_task(self._read(calls))
+        reader.add_done_callback(lambda _: self.wake.set())
+        try:
+            while True:
+                if self.ready:
+                    events, self.ready = self.ready, []
+                    yield llm_pb2.GenerateEvents(events=events)
+                elif reader.done() and not self.running:
+                    reader.result()  # the caller's side ended; raise what ended it, if anything did
+                    return
+                else:
+                    self.wake.clear()  # nothing can change between the checks above and this wait
+                    await self.wake.wait()
+        finally:
+            reader.cancel()
+            for task in list(self.running.values()):
+                task.cancel()
+
+    async def _read(self, calls: AsyncIterator[llm_pb2.GenerateCall]) -> None:
+        async for call in calls:
+            if call.HasField("start"):
+                if call.id in self.running:
+                    self._send(call.id, failure=item_error(invalid_argument(
+                        f"Generation {call.id} is already in flight on this stream.")))
+                    continue
+                task = asyncio.create_task(self._generate(call))
+                self.running[call.id] = task
+                task.add_done_callback(functools.partial(self._ended, call.id))
+            elif call.id in self.running:
+                self.running[call.id].cancel()  # it ends without a further event
+
+    async def _generate(self, call: llm_pb2.GenerateCall) -> None:
+        bind_request_id(sane_request_id(call.context.request_id) or NO_REQUEST)  # this task's own context
+        timeout = call.context.timeout_s or None
+        try:
+            with counted_as(GENERATE_LABELS):
+                if self.stopping.is_set():
+                    raise ServiceError(grpc.StatusCode.UNAVAILABLE, "The service is shutting down.")
+                if self.admission is not None and not self.admission.try_enter():
+                    raise ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED, self.admission.message(),
+                                       error_code=OVERLOADED)
+                try:
+                    model = self.models.get(call.start.model)
+                    async with asyncio.timeout(timeout):
+                        async for response in model.generate(call.start, timeout):
+                            self._send(call.id, response=response)
+                except TimeoutError:
+                    raise ServiceError(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded") from None
+                finally:
+                    if self.admission is not None:
+                        self.admission.leave()
+        except Exception as exc:
+            self._send(call.id, failure=item_error(exc))
+
+    def _send(self, id: int, **event: object) -> None:
+        self.ready.append(llm_pb2.GenerateEvent(id=id, **event))  # type: ignore[arg-type]
+        self.wake.set()
+
+    def _ended(self, id: int, task: asyncio.Task[None]) -> None:
+        if self.running.get(id) is task:
+            del self.running[id]
+        self.wake.set()
