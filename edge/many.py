@@ -133,8 +133,8 @@ class _Stream:
     def forget(self, id: int) -> bool:
         """The generation has ended; the stream closes once it was the last and the stream is retired."""
         found = self.generations.pop(id, None) is not None
-        if self.retired and not self.generations:
-            self.outbox.put_nowait(None)
+        if found and self.retired and not self.generations:
+            self.outbox.put_nowait(None)  # ends the calls: the service ends the stream
         return found
 
     def retire(self) -> None:
