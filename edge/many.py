@@ -6,9 +6,9 @@ An edge process keeps `count` streams open and starts generations on them in tur
 (it takes no new generation, and closes once its last one ends) after `STREAM_AGE_S`, so that new streams
 are opened on the channel's current connections, as new calls would be: they follow replicas as they come
 and go (round_robin over DNS) and connections that reach the service's maximum age. A generation that
-fails with UNAVAILABLE before it was accepted (its stream broke, or the service is shutting down) starts
-once more, on the next stream in turn (a new one where that was retired), as a new call would go to the
-next replica.
+fails with UNAVAILABLE before it was accepted (its stream broke or was closed, or the service is shutting
+down) starts once more, on the next stream in turn (a new one where that was retired), as a new call would
+go to the next replica.
 """
 
 from __future__ import annotations
@@ -155,12 +155,11 @@ class _Stream:
             broken = exc
         finally:
             self.retire()
-            if broken is None and self.generations:
-                log.error("the llm service ended a GenerateMany stream with %d generations in flight",
-                          len(self.generations))
+            if broken is None and self.generations:  # a service shutting down ends its streams once idle
+                log.info("the llm service closed a stream as %d generations started on it", len(self.generations))
             for generation in list(self.generations.values()):  # each its own error: its endpoint renames `param`
                 generation.deliver(self.streams.failure(broken) if broken is not None else
-                                   OpenAIError(500, "The llm service ended a stream early; see its log."))
+                                   from_status(grpc.StatusCode.UNAVAILABLE, "", {}, "llm"))
 
 
 class GenerateStreams:

@@ -46,9 +46,12 @@ class ManyGenerations:
 
     async def serve(self, calls: AsyncIterator[llm_pb2.GenerateCall]) -> AsyncIterator[llm_pb2.GenerateEvents]:
         """The stream's messages: whatever is ready whenever the previous one has been written; the end once
-        the caller has closed its side and every generation has ended."""
+        every generation has ended and the caller has closed its side, or the service is shutting down (so
+        that a draining server need not wait for its callers to close their streams)."""
         reader = asyncio.create_task(self._read(calls))
-        reader.add_done_callback(lambda _: self.wake.set())
+        stopping = asyncio.create_task(self.stopping.wait())
+        for task in (reader, stopping):
+            task.add_done_callback(lambda _: self.wake.set())
         try:
             while True:
                 if self.ready:
@@ -57,11 +60,14 @@ class ManyGenerations:
                 elif reader.done() and not self.running:
                     reader.result()  # the caller's side ended; raise what ended it, if anything did
                     return
+                elif stopping.done() and not self.running:
+                    return
                 else:
                     self.wake.clear()  # nothing can change between the checks above and this wait
                     await self.wake.wait()
         finally:
             reader.cancel()
+            stopping.cancel()
             for task in list(self.running.values()):
                 task.cancel()
 

@@ -148,7 +148,7 @@ async def test_a_generation_past_its_deadline_fails_alone(stream: Stream) -> Non
     await stream.close()
 
 
-async def test_admission_and_draining_refuse_new_generations(service: RunningService, stream: Stream) -> None:
+async def test_admission_refuses_a_generation_beyond_the_limit(service: RunningService, stream: Stream) -> None:
     admission = service.servicer.admission
     assert admission is not None
     overloaded = handled("Generate", "RESOURCE_EXHAUSTED")
@@ -161,18 +161,28 @@ async def test_admission_and_draining_refuse_new_generations(service: RunningSer
     refused = stream.events[0][0].failure
     assert refused.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0] and refused.error_code == "overloaded"
     assert handled("Generate", "RESOURCE_EXHAUSTED") == overloaded + 1
+    stream.start(1, completion("ft-echo", "x", max_tokens=2))  # the stream still serves
+    await stream.read_until(all_ended(1))
+    assert stream.events[1][-1].response.usage.completion_tokens == 2
+    assert admission.in_flight == 0  # every slot given back
+    await stream.close()
+
+
+async def test_a_draining_service_refuses_new_generations_and_ends_its_streams(service: RunningService,
+                                                                                stream: Stream) -> None:
+    stream.start(0, completion("ft-echo-slow", "tick tock", max_tokens=6))
+    await stream.read_until(lambda events: len(events.get(0, [])) >= 2)  # accepted and under way
     service.servicer.stopping.set()
     try:
         stream.start(1, completion("ft-echo", "x", max_tokens=2))
-        await stream.read_until(all_ended(1))
+        await stream.read_until(all_ended(0, 1))
+        # Once its last generation has ended, the stream ends, though this side never closed it.
+        assert await asyncio.wait_for(stream.call.read(), 10) is grpc.aio.EOF  # type: ignore[attr-defined]
     finally:
         service.servicer.stopping.clear()
     assert stream.events[1][0].failure.code == grpc.StatusCode.UNAVAILABLE.value[0]
-    stream.start(2, completion("ft-echo", "x", max_tokens=2))  # the stream still serves
-    await stream.read_until(all_ended(2))
-    assert stream.events[2][-1].response.usage.completion_tokens == 2
-    assert admission.in_flight == 0  # every slot given back
-    await stream.close()
+    assert texts([e.response for e in stream.events[0]]) == "tick tocktick tock"  # the one in flight finished
+    assert await stream.call.code() == grpc.StatusCode.OK
 
 
 async def test_an_id_in_flight_cannot_start_again(stream: Stream) -> None:
@@ -245,13 +255,17 @@ async def test_the_edge_cancels_and_starts_an_unavailable_generation_once_more(
     generation.cancel()
     await asyncio.to_thread(wait_until, lambda: handled("Generate", "CANCELLED") == cancelled + 1, 10,
                             "the service's side cancelled")
-    unavailable = handled("Generate", "UNAVAILABLE")
-    service.servicer.stopping.set()
+    opened = started("GenerateMany")
+    service.servicer.stopping.set()  # the idle streams end; new generations are refused
     try:
+        idle = streams.open[0]
+        assert idle is not None
+        await asyncio.wait_for(idle.reader, 10)  # the idle stream ended, and the edge retired it
+        assert idle.retired and await idle.call.code() == grpc.StatusCode.OK
         refused = ManyGeneration(streams, completion("ft-echo", "x", max_tokens=2), common_pb2.ItemContext())
         with pytest.raises(OpenAIError) as info:
             await refused.next()
     finally:
         service.servicer.stopping.clear()
-    assert info.value.status == 503 and handled("Generate", "UNAVAILABLE") == unavailable + 2  # tried twice
-    assert refused.retried and refused.stream.retired is False  # the second try was on a fresh stream
+    assert info.value.status == 503 and refused.retried
+    assert started("GenerateMany") == opened + 2  # tried twice, each time on a new stream

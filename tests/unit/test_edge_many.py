@@ -18,7 +18,7 @@ from tritongate.llm.v1 import llm_pb2, llm_pb2_grpc
 class Scripted(llm_pb2_grpc.LlmServiceServicer):
     """Each GenerateMany stream acts as `plan[n]` says (the n-th stream; the last entry for the rest):
     "answer" (accepted, then usage), "hang" (reads, answers nothing), "break" (aborts UNAVAILABLE at the first
-    start), "end" (ends the stream at the first start)."""
+    start), "end" (ends the stream at the first start, as a draining service does)."""
 
     def __init__(self, *plan: str) -> None:
         self.plan = plan
@@ -92,9 +92,11 @@ async def test_a_second_break_is_the_clients_503() -> None:
     assert len(seen) == 1 and isinstance(seen[0], OpenAIError) and seen[0].status == 503
 
 
-async def test_a_stream_ended_early_fails_its_generations() -> None:
+async def test_a_generation_on_a_stream_the_service_closed_is_tried_once_more() -> None:
+    seen, generation = await run(Scripted("end", "answer"))
+    assert seen == ["accepted", "usage"] and generation.retried
     seen, _ = await run(Scripted("end"))
-    assert len(seen) == 1 and isinstance(seen[0], OpenAIError) and seen[0].status == 500
+    assert len(seen) == 1 and isinstance(seen[0], OpenAIError) and seen[0].status == 503
 
 
 async def test_a_service_that_does_not_answer_meets_the_edges_deadline() -> None:
