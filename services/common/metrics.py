@@ -1,11 +1,13 @@
 """Per-RPC bookkeeping of the gRPC services, and their Prometheus metrics.
 
-The interceptor is THE one place a service reads the request id: it takes it from the RPC's metadata
-(tritongate.wire.REQUEST_ID_KEY, the only carrier) and binds it (tritongate.logs.REQUEST_ID) for the
-handler's log lines and Triton calls; everything else reads `REQUEST_ID.get()`. It also counts RPCs
-started, handled (by status code), in flight, and their latency, under the names go-grpc-prometheus
-made common. Triton calls, each model's Triton endpoints and encoder batches are measured too. Served over
-HTTP on TRITONGATE_METRICS_PORT (`--metrics-port`; 0 = off).
+The interceptor is the one place a service reads an RPC's request id: it takes it from the RPC's metadata
+(tritongate.wire.REQUEST_ID_KEY) and binds it (tritongate.logs.REQUEST_ID) for the handler's log lines and
+Triton calls; everything else reads `REQUEST_ID.get()`. (Requests that share an RPC, the items of a batch
+RPC and the generations of GenerateMany, carry theirs in their `ItemContext`, bound where each is served.)
+It also counts RPCs started, handled (by status code), in flight, and their latency, under the names
+go-grpc-prometheus made common; `counted_as` counts a generation of GenerateMany as its own Generate call.
+Triton calls, each model's Triton endpoints and encoder batches are measured too. Served over HTTP on
+TRITONGATE_METRICS_PORT (`--metrics-port`; 0 = off).
 
 Where each request's time went (`Stages`: queue, tokenization, inference) travels back to the edge in the
 answer (`common.v1.Timings`), which shows it to the client, logs it and exports it per stage: the edge
