@@ -10,21 +10,16 @@ from pathlib import Path
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from launcher.stack import LocalStack
 from launcher.workers import REPLICA_PORT_STEP
+from tests.support.metrics import total
 from tests.support.ports import free_port, wait_until
 from tests.support.stack import stack_settings
 from tests.support.streams import stream_chunks
 from tritongate.triton_local import TritonProcess
 
 PROMPT = "one two three four five"
-
-
-def _total(metrics: str, name: str, **labels: str) -> float:
-    return sum(sample.value for family in text_string_to_metric_families(metrics) for sample in family.samples
-               if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()))
 
 
 def _stack(triton: TritonProcess, model_config_file: Path, logs: Path, replicas: int, **env: str) -> LocalStack:
@@ -66,13 +61,13 @@ def test_streams_carry_the_generations_over_every_replica(replicas: LocalStack, 
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         answers = list(pool.map(lambda _: chat(replicas), range(16)))
     assert answers == [expected] * 16
-    per_replica = [_total(metrics(replicas, i), "grpc_server_handled_total", grpc_method="Generate", grpc_code="OK")
+    per_replica = [total(metrics(replicas, i), "grpc_server_handled_total", grpc_method="Generate", grpc_code="OK")
                    for i in (0, 1)]
     assert sum(per_replica) == 17 and min(per_replica) >= 1, per_replica  # the edge's two streams, one on each
-    assert [_total(metrics(replicas, i), "grpc_server_started_total", grpc_method="GenerateMany") for i in (0, 1)] \
+    assert [total(metrics(replicas, i), "grpc_server_started_total", grpc_method="GenerateMany") for i in (0, 1)] \
         == [1, 1]
-    assert _total(metrics(calls), "grpc_server_started_total", grpc_method="GenerateMany") == 0
-    assert _total(metrics(calls), "grpc_server_handled_total", grpc_method="Generate", grpc_code="OK") == 1
+    assert total(metrics(calls), "grpc_server_started_total", grpc_method="GenerateMany") == 0
+    assert total(metrics(calls), "grpc_server_handled_total", grpc_method="Generate", grpc_code="OK") == 1
 
 
 @pytest.mark.parametrize("path", ["replicas", "calls"])
@@ -80,7 +75,7 @@ def test_a_client_that_goes_away_cancels_its_generation(path: str, request: pyte
     stack: LocalStack = request.getfixturevalue(path)
 
     def cancelled() -> float:
-        return sum(_total(metrics(stack, i), "grpc_server_handled_total", grpc_method="Generate",
+        return sum(total(metrics(stack, i), "grpc_server_handled_total", grpc_method="Generate",
                           grpc_code="CANCELLED") for i in range(stack.processes["llm"]))
 
     before = cancelled()

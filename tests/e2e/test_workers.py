@@ -10,10 +10,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from launcher.stack import LocalStack
 from launcher.workers import REPLICA_PORT_STEP
+from tests.support.metrics import total
 from tests.support.ports import free_port
 from tests.support.stack import stack_settings
 from tritongate.triton_local import TritonProcess
@@ -33,11 +33,6 @@ def _embed(http: httpx.Client, text: str) -> httpx.Response:
     return http.post("/v1/embeddings", json={"model": MODEL, "input": text})
 
 
-def _total(metrics: str, name: str, **labels: str) -> float:
-    return sum(sample.value for family in text_string_to_metric_families(metrics) for sample in family.samples
-               if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()))
-
-
 def test_edge_workers_and_replicas_serve_a_burst_and_metrics_count_every_worker(workers: LocalStack) -> None:
     labels = [label for label, _ in workers.children]
     assert {"edge-1", "edge-2", "embed-1", "embed-2"} <= set(labels)
@@ -54,8 +49,8 @@ def test_edge_workers_and_replicas_serve_a_burst_and_metrics_count_every_worker(
     with httpx.Client(base_url=workers.edge_url, timeout=10) as http:
         metrics = http.get("/metrics").text
     # Whichever worker answers the scrape counts both workers' requests.
-    assert _total(metrics, "http_requests_total", model=MODEL, route="/v1/embeddings", status="200") == 48
-    assert _total(metrics, "http_requests_total", route="/v1/embeddings", status="400") == 1
+    assert total(metrics, "http_requests_total", model=MODEL, route="/v1/embeddings", status="200") == 48
+    assert total(metrics, "http_requests_total", route="/v1/embeddings", status="400") == 1
 
 
 def test_the_edge_balances_over_the_replicas(workers: LocalStack) -> None:
@@ -65,4 +60,4 @@ def test_the_edge_balances_over_the_replicas(workers: LocalStack) -> None:
     base = workers.metrics_ports["embed"]
     for port in (base, base + REPLICA_PORT_STEP):  # each replica's own metrics
         metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
-        assert _total(metrics, "grpc_server_handled_total", grpc_method="Embed", grpc_code="OK") >= 2
+        assert total(metrics, "grpc_server_handled_total", grpc_method="Embed", grpc_code="OK") >= 2
