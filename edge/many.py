@@ -23,7 +23,7 @@ from typing import Any
 
 import grpc
 
-from edge.errors import OpenAIError, from_status
+from edge.errors import OpenAIError
 from tritongate.common.v1 import common_pb2
 from tritongate.llm.v1 import llm_pb2
 
@@ -95,7 +95,7 @@ class ManyGeneration:
 
     def _expire(self) -> None:
         self.stream.cancel(self.id)
-        self.deliver(from_status(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded", {}, "llm"))
+        self.deliver(self.streams.status(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded"))
 
     def _end(self) -> None:
         self.ended = True
@@ -159,7 +159,7 @@ class _Stream:
                 log.info("the llm service closed a stream as %d generations started on it", len(self.generations))
             for generation in list(self.generations.values()):  # each its own error: its endpoint renames `param`
                 generation.deliver(self.streams.failure(broken) if broken is not None else
-                                   from_status(grpc.StatusCode.UNAVAILABLE, "", {}, "llm"))
+                                   self.streams.status(grpc.StatusCode.UNAVAILABLE))
 
 
 class GenerateStreams:
@@ -172,6 +172,10 @@ class GenerateStreams:
         self.open: list[_Stream | None] = [None] * count
         self.turn = itertools.cycle(range(count))
         self.draining: set[_Stream] = set()  # retired, until their last generation ends
+
+    def status(self, code: grpc.StatusCode, message: str = "") -> OpenAIError:
+        """The client's error for a status the edge itself gives a generation (as the service would have)."""
+        return self.item_failure(common_pb2.ItemError(code=code.value[0], message=message))
 
     def start(self, generation: ManyGeneration) -> tuple[_Stream, int]:
         """Put `generation` on the next stream in turn (a new one where that is retired or too old)."""
