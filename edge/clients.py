@@ -195,7 +195,7 @@ class LlmClient(ServiceClient):
                  retry_after_s: int = 1, streams: int = 0) -> None:
         super().__init__(channel, directory, timeout, retry_after_s)
         # `streams` GenerateMany streams carry the generations (edge/many.py); 0: a Generate call each.
-        self.streams = GenerateStreams(self.stub, streams, self.failure, self.item_failure) if streams else None
+        self.streams = GenerateStreams(self.stub, streams, self.item_failure) if streams else None
 
     async def generate(self, request: llm_pb2.GenerateRequest, names: Mapping[str, str] | None = None) -> Generation:
         """Start a generation (nothing is read yet). `names`: the client's name of each GenerateRequest

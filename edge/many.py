@@ -145,30 +145,33 @@ class _Stream:
                 self.outbox.put_nowait(None)
 
     async def _read(self) -> None:
-        broken: grpc.aio.AioRpcError | None = None
+        how, level = "closed by the service (draining)", logging.INFO
         try:
             while (message := await self.call.read()) is not grpc.aio.EOF:  # type: ignore[attr-defined]
                 for event in message.events:
                     if (generation := self.generations.get(event.id)) is not None:
                         generation.deliver(event)
         except grpc.aio.AioRpcError as exc:
-            broken = exc
+            how, level = f"broken ({exc.code().name}: {exc.details()})", logging.WARNING
         finally:
             self.retire()
-            if broken is None and self.generations:  # a service shutting down ends its streams once idle
-                log.info("the llm service closed a stream as %d generations started on it", len(self.generations))
+            if self.generations:
+                log.log(level, "a stream to the llm service was %s with %d generations on it", how,
+                        len(self.generations))
+            # A generation's own failure comes as its own event; a stream that breaks (whatever gRPC's code:
+            # a killed service's connection can end in INTERNAL "Internal error from Core") or that the
+            # service closes (draining) means the service is unavailable to the generations on it: a 503,
+            # and those not yet accepted start once more on the next stream.
             for generation in list(self.generations.values()):  # each its own error: its endpoint renames `param`
-                generation.deliver(self.streams.failure(broken) if broken is not None else
-                                   self.streams.status(grpc.StatusCode.UNAVAILABLE))
+                generation.deliver(self.streams.status(grpc.StatusCode.UNAVAILABLE))
 
 
 class GenerateStreams:
     """An edge process's GenerateMany streams to the llm service."""
 
-    def __init__(self, stub: Any, count: int, failure: Callable[[grpc.aio.AioRpcError], OpenAIError],
-                 item_failure: Callable[[common_pb2.ItemError], OpenAIError]) -> None:
+    def __init__(self, stub: Any, count: int, item_failure: Callable[[common_pb2.ItemError], OpenAIError]) -> None:
         self.stub = stub
-        self.failure, self.item_failure = failure, item_failure
+        self.item_failure = item_failure  # the client's mapping of a service's status to an HTTP error
         self.open: list[_Stream | None] = [None] * count
         self.turn = itertools.cycle(range(count))
         self.draining: set[_Stream] = set()  # retired, until their last generation ends

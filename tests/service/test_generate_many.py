@@ -14,7 +14,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 import edge.many
-from edge.errors import OpenAIError, from_grpc, from_item
+from edge.errors import OpenAIError, from_item
 from edge.many import GenerateStreams, ManyGeneration
 from services.common.server import RunningService
 from tests.service import test_llm_service as llm
@@ -201,8 +201,7 @@ async def test_an_id_in_flight_cannot_start_again(stream: Stream) -> None:
 @pytest.fixture
 async def streams(service: RunningService) -> AsyncIterator[GenerateStreams]:
     async with grpc.aio.insecure_channel(f"127.0.0.1:{service.port}") as channel:
-        opened = GenerateStreams(llm_pb2_grpc.LlmServiceStub(channel), 2, lambda exc: from_grpc(exc, "llm"),
-                                 lambda error: from_item(error, "llm"))
+        opened = GenerateStreams(llm_pb2_grpc.LlmServiceStub(channel), 2, lambda error: from_item(error, "llm"))
         yield opened
         await opened.close()
 

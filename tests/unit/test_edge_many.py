@@ -9,7 +9,7 @@ from typing import Any
 
 import grpc
 
-from edge.errors import OpenAIError, from_grpc, from_item
+from edge.errors import OpenAIError, from_item
 from edge.many import GenerateStreams, ManyGeneration
 from tritongate.common.v1 import common_pb2
 from tritongate.llm.v1 import llm_pb2, llm_pb2_grpc
@@ -18,7 +18,8 @@ from tritongate.llm.v1 import llm_pb2, llm_pb2_grpc
 class Scripted(llm_pb2_grpc.LlmServiceServicer):
     """Each GenerateMany stream acts as `plan[n]` says (the n-th stream; the last entry for the rest):
     "answer" (accepted, then usage), "hang" (reads, answers nothing), "break" (aborts UNAVAILABLE at the first
-    start), "end" (ends the stream at the first start, as a draining service does)."""
+    start), "internal" (aborts INTERNAL, as a killed service's connection can end), "end" (ends the stream
+    at the first start, as a draining service does)."""
 
     def __init__(self, *plan: str) -> None:
         self.plan = plan
@@ -36,6 +37,8 @@ class Scripted(llm_pb2_grpc.LlmServiceServicer):
                 continue
             if act == "break":
                 await context.abort(grpc.StatusCode.UNAVAILABLE, "going away")
+            if act == "internal":
+                await context.abort(grpc.StatusCode.INTERNAL, "Internal error from Core")
             if act == "end":
                 return
             yield llm_pb2.GenerateEvents(events=[
@@ -51,8 +54,7 @@ async def streams_on(service: Scripted) -> tuple[grpc.aio.Server, grpc.aio.Chann
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
-    streams = GenerateStreams(llm_pb2_grpc.LlmServiceStub(channel), 1, lambda exc: from_grpc(exc, "llm"),
-                              lambda error: from_item(error, "llm"))
+    streams = GenerateStreams(llm_pb2_grpc.LlmServiceStub(channel), 1, lambda error: from_item(error, "llm"))
     return server, channel, streams
 
 
@@ -89,6 +91,14 @@ async def test_a_stream_that_breaks_before_acceptance_is_tried_once_more() -> No
 
 async def test_a_second_break_is_the_clients_503() -> None:
     seen, _ = await run(Scripted("break"))
+    assert len(seen) == 1 and isinstance(seen[0], OpenAIError) and seen[0].status == 503
+
+
+async def test_a_stream_broken_with_any_code_is_the_service_unavailable() -> None:
+    """The generation's own failures come as its events; the stream's failure is the service's absence."""
+    seen, generation = await run(Scripted("internal", "answer"))
+    assert seen == ["accepted", "usage"] and generation.retried
+    seen, _ = await run(Scripted("internal"))
     assert len(seen) == 1 and isinstance(seen[0], OpenAIError) and seen[0].status == 503
 
 
