@@ -3,9 +3,11 @@ message on a stream already open instead of a call of its own, and the service s
 have ready at the same moment in one message.
 
 An edge process keeps `count` streams open and starts generations on them in turn. A stream is retired
-(it takes no new generation, and closes once its last one ends) after `STREAM_AGE_S`, so that new streams
-are opened on the channel's current connections, as new calls would be: they follow replicas as they come
-and go (round_robin over DNS) and connections that reach the service's maximum age. A generation that
+(it takes no new generation, and closes once its last one ends) after `STREAM_AGE_S` or `STREAM_STARTS`
+generations, whichever comes first, so that new streams are opened on the channel's current connections, as
+new calls would be: the channel's round_robin puts each new stream on the next replica, so generations
+spread over every replica (more than the edge's streams, too) within a few dozen, and streams follow
+replicas as they come and go (DNS) and connections that reach the service's maximum age. A generation that
 fails with UNAVAILABLE before it was accepted (its stream broke or was closed, or the service is shutting
 down) starts once more, on the next stream in turn (a new one where that was retired), as a new call would
 go to the next replica.
@@ -30,6 +32,7 @@ from tritongate.llm.v1 import llm_pb2
 log = logging.getLogger(__name__)
 
 STREAM_AGE_S = 10.0  # well inside the services' connection age (30 s), so streams move with the connections
+STREAM_STARTS = 32  # a new stream costs what one Generate call does: a thirty-second of that per generation
 
 _UNAVAILABLE = grpc.StatusCode.UNAVAILABLE.value[0]
 
@@ -111,6 +114,7 @@ class _Stream:
         self.outbox: asyncio.Queue[llm_pb2.GenerateCall | None] = asyncio.Queue()
         self.generations: dict[int, ManyGeneration] = {}
         self.ids = itertools.count()
+        self.started = 0  # generations it took
         self.opened = time.monotonic()
         self.retired = False
         self.call = streams.stub.GenerateMany(self._calls())
@@ -122,6 +126,7 @@ class _Stream:
 
     def add(self, generation: ManyGeneration) -> int:
         id = next(self.ids)
+        self.started += 1
         self.generations[id] = generation
         self.outbox.put_nowait(llm_pb2.GenerateCall(id=id, start=generation.request, context=generation.context))
         return id
@@ -181,10 +186,11 @@ class GenerateStreams:
         return self.item_failure(common_pb2.ItemError(code=code.value[0], message=message))
 
     def start(self, generation: ManyGeneration) -> tuple[_Stream, int]:
-        """Put `generation` on the next stream in turn (a new one where that is retired or too old)."""
+        """Put `generation` on the next stream in turn (a new one where that is retired, too old or full)."""
         slot = next(self.turn)
         stream = self.open[slot]
-        if stream is None or stream.retired or time.monotonic() - stream.opened > STREAM_AGE_S:
+        if stream is None or stream.retired or stream.started >= STREAM_STARTS or \
+                time.monotonic() - stream.opened > STREAM_AGE_S:
             if stream is not None:
                 stream.retire()
             stream = self.open[slot] = _Stream(self)
