@@ -80,7 +80,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.include_router(module.router)
     app.include_router(tei.info_router)
     # Innermost, inside the body limit, the keys and the metrics: the hot routes without FastAPI's machinery.
-    app.add_middleware(LeanRoutes, routers=(embeddings.router, rerank.router, tei.router))
+    app.add_middleware(LeanRoutes, routers=(chat.router, completions.router, embeddings.router, rerank.router,
+                                              tei.router))
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     install_auth(app, settings)  # outside the body limit: a request without a key is refused unread
     install_metrics(app, settings.access_log)

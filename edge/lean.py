@@ -1,4 +1,4 @@
-"""Lean routes: the hot unary endpoints (embeddings, rerank) without FastAPI's per-request machinery.
+"""Lean routes: the hot endpoints (chat, completions, embeddings, rerank) without FastAPI's per-request machinery.
 
 FastAPI spends more CPU on a small request than the rest of the edge does: the router's search through
 every route, two exception and exit-stack middlewares, dependency resolution, its content-type parsing.

@@ -56,6 +56,7 @@ EMBEDDINGS = [
 # The request to Triton and each token back to the edge.
 CHAT = [
     "edge.telemetry.HttpMetrics",
+    "edge.lean.LeanRoutes",
     "edge.routers.chat.create_chat_completion",
     "edge.endpoints.chat.generation_input",
     "edge.streaming.generate",
