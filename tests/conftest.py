@@ -90,14 +90,14 @@ def triton(models_dir: Path, events_file: Path, tmp_path_factory: pytest.TempPat
     fate: dict[str, Any] = {"process": process, "exit": None, "size": 0, "stubs": {}, "dead_stubs": [],
                             "restarts": [], "restart": None}
 
-    def restart(died: list[str]) -> None:
+    def restart(why: str) -> None:
         """The same Triton again, on the same ports (every fixture holding `process` sees the new one)."""
         process.stop()
         fresh = start(f"tritonserver-{len(fate['restarts']) + 1}.log")
         fresh.wait_ready(600)
         process.process, process.log_path = fresh.process, fresh.log_path
         fate["stubs"] = python_stubs(fresh.process.pid)
-        fate["restarts"].append(died)
+        fate["restarts"].append(why)
         time.sleep(RECONNECT_S)
 
     pytestconfig.stash[TRITON_FATE] = fate
@@ -116,13 +116,19 @@ def triton(models_dir: Path, events_file: Path, tmp_path_factory: pytest.TempPat
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """Before each test, a Triton with a dead Python-backend stub is restarted: Triton 2.51 neither restarts
-    the stub nor reports its model not ready, so every later test of that model would fail. The stubs have
-    been seen to die with SIGSEGV inside their own libpython under many concurrent streams, an upstream
-    fault; the summary says when it happened."""
+    """Before each test, a Triton that has exited, or that has a dead Python-backend stub, is restarted:
+    Triton 2.51 neither restarts the stub nor reports its model not ready, so every later test of that
+    model would fail. Both are upstream faults seen here: the stubs have died with SIGSEGV inside their own
+    libpython under many concurrent streams, and tritonserver itself with SIGSEGV while streams were being
+    cancelled (a race in its gRPC server, triton-inference-server/server#7840, fixed in 24.12); its orphaned
+    stubs then take minutes to exit. The summary says when it happened."""
     fate = item.config.stash.get(TRITON_FATE, None)
-    if fate is not None and fate["restart"] is not None and (died := dead(fate["stubs"])):
-        fate["restart"](died)
+    if fate is None or fate["restart"] is None:
+        return
+    if (code := fate["process"].process.poll()) is not None:
+        fate["restart"](f"tritonserver had exited with code {code}")
+    elif died := dead(fate["stubs"]):
+        fate["restart"](f"the Python-backend stubs of {', '.join(died)} had died")
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
@@ -130,9 +136,8 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     the end of its log: one Triton (or stub) gone or wedged fails many tests at once, and a CI log may keep
     only this output."""
     fate = config.stash.get(TRITON_FATE, None)
-    for died in [] if fate is None else fate["restarts"]:  # said whether the run failed or not
-        terminalreporter.write_sep("-", f"Triton was restarted before a test: the Python-backend stubs of "
-                                        f"{', '.join(died)} had died")
+    for why in [] if fate is None else fate["restarts"]:  # said whether the run failed or not
+        terminalreporter.write_sep("-", f"Triton was restarted before a test: {why}")
     if fate is None or exitstatus == 0:
         return
     state = "still running" if fate["exit"] is None else f"had exited with code {fate['exit']}"
