@@ -18,7 +18,7 @@ import contextlib
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import TypeVar
 
 from services.llm.backends import FinishReason, Step
 from services.llm.detokenizer import Detokenizer, TokenDecoding
@@ -236,77 +236,67 @@ def _resolve(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
-class Merge(Generic[T]):
+async def merge(streams: Sequence[AsyncGenerator[T, None]], min_interval_s: float = MIN_INTERVAL_S
+                ) -> AsyncIterator[list[T]]:
     """Items of concurrent streams, in batches: everything that arrived while the consumer was busy, or
     within `JOIN_TURNS` turns of the loop after the batch's first item, or until `min_interval_s` after the
     previous batch left, comes together; a stream's end cuts that wait short (its last item, a completion's
-    finish, is not held back). The first failure cancels the rest.
+    finish, is not held back). The first failure cancels the rest."""
+    queue: asyncio.Queue[tuple[T] | BaseException | None] = asyncio.Queue()  # (item,) | failure | end
+    loop = asyncio.get_running_loop()
+    ended = loop.create_future()  # done once a stream has ended since the last batch was drained
 
-    The streams start when it is made, not when the first batch is asked for: a generation's Triton calls
-    go out before its `accepted` message is written. Iterating to the end, or `aclose`, stops them."""
+    def end(marker: BaseException | None) -> None:
+        queue.put_nowait(marker)
+        _resolve(ended)
 
-    def __init__(self, streams: Sequence[AsyncGenerator[T, None]], min_interval_s: float = MIN_INTERVAL_S) -> None:
-        self.min_interval_s = min_interval_s
-        self.queue: asyncio.Queue[tuple[T] | BaseException | None] = asyncio.Queue()  # (item,) | failure | end
-        self.loop = asyncio.get_running_loop()
-        self.ended = self.loop.create_future()  # done once a stream has ended since the last batch was drained
-        self.tasks = [asyncio.create_task(self._pump(stream)) for stream in streams]
-
-    def _end(self, marker: BaseException | None) -> None:
-        self.queue.put_nowait(marker)
-        _resolve(self.ended)
-
-    async def _pump(self, stream: AsyncGenerator[T, None]) -> None:
+    async def pump(stream: AsyncGenerator[T, None]) -> None:
         try:
             async with contextlib.aclosing(stream) as items:
                 async for item in items:
-                    self.queue.put_nowait((item,))
+                    queue.put_nowait((item,))
         except Exception as exc:
-            self._end(exc)
+            end(exc)
         else:
-            self._end(None)
+            end(None)
 
-    async def aclose(self) -> None:
-        for task in self.tasks:
+    tasks = [asyncio.create_task(pump(stream)) for stream in streams]
+    try:
+        running = len(tasks)
+        left = float("-inf")  # when the last batch left
+        while running:
+            batch, failure = [], None
+            message = await queue.get()
+            wait = left + min_interval_s - loop.time()
+            if wait <= 0 or ended.done():
+                await _turns(JOIN_TURNS)
+            else:  # as asyncio.sleep(wait), cut short by a stream's end
+                timer = loop.call_later(wait, _resolve, ended)
+                try:
+                    await ended
+                finally:
+                    timer.cancel()
+            ended = loop.create_future()  # the ends queued so far are drained below
+            while True:
+                if isinstance(message, BaseException):
+                    failure = message
+                    break
+                if message is None:
+                    running -= 1
+                else:
+                    batch.append(message[0])
+                if queue.empty():
+                    break
+                message = queue.get_nowait()
+            if batch:
+                yield batch  # what came before a failure still goes out
+                left = loop.time()
+            if failure is not None:
+                raise failure
+    finally:
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
-
-    async def __aiter__(self) -> AsyncIterator[list[T]]:
-        loop, queue = self.loop, self.queue
-        try:
-            running = len(self.tasks)
-            left = float("-inf")  # when the last batch left
-            while running:
-                batch, failure = [], None
-                message = await queue.get()
-                wait = left + self.min_interval_s - loop.time()
-                if wait <= 0 or self.ended.done():
-                    await _turns(JOIN_TURNS)
-                else:  # as asyncio.sleep(wait), cut short by a stream's end
-                    timer = loop.call_later(wait, _resolve, self.ended)
-                    try:
-                        await self.ended
-                    finally:
-                        timer.cancel()
-                self.ended = loop.create_future()  # the ends queued so far are drained below
-                while True:
-                    if isinstance(message, BaseException):
-                        failure = message
-                        break
-                    if message is None:
-                        running -= 1
-                    else:
-                        batch.append(message[0])
-                    if queue.empty():
-                        break
-                    message = queue.get_nowait()
-                if batch:
-                    yield batch  # what came before a failure still goes out
-                    left = loop.time()
-                if failure is not None:
-                    raise failure
-        finally:
-            await self.aclose()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def coalesce(deltas: Sequence[llm_pb2.Delta]) -> list[llm_pb2.Delta]:

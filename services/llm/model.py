@@ -23,7 +23,7 @@ from services.llm import reasoning
 from services.llm.backends import Sampling, Step
 from services.llm.beams import BeamSearch
 from services.llm.chat import load_chat_template
-from services.llm.completion import Completion, Merge, coalesce
+from services.llm.completion import Completion, coalesce, merge
 from services.llm.detect import ModelBackend
 from services.llm.detokenizer import TokenDecoding
 from services.llm.lora import Adapter, adapters_of
@@ -249,14 +249,12 @@ class LanguageModel(ServedModel):
                 streams.append(self._run(completion, ids, text, choice, timeout, parser, guide_param, source,
                                          reasoner, thoughts[-1]))
         log.debug("%d prompt tokens, %d choices", prompts.tokens, len(completions))
+        yield llm_pb2.GenerateResponse(accepted=llm_pb2.Accepted(prompt_tokens=prompts.tokens,
+                                                                 choices=len(completions)), timings=stages.proto())
         start = time.perf_counter()
-        merged = Merge(streams, self.entry.stream_interval_ms / 1000)  # the Triton calls go out first
-        async with contextlib.aclosing(merged):
-            yield llm_pb2.GenerateResponse(accepted=llm_pb2.Accepted(prompt_tokens=prompts.tokens,
-                                                                     choices=len(completions)), timings=stages.proto())
-            async for batch in merged:
-                for delta in coalesce(batch):
-                    yield llm_pb2.GenerateResponse(delta=delta)
+        async for batch in merge(streams, self.entry.stream_interval_ms / 1000):
+            for delta in coalesce(batch):
+                yield llm_pb2.GenerateResponse(delta=delta)
         stages.inference = time.perf_counter() - start
         counted = usage(prompts, completions, n)
         counted.reasoning_tokens = sum(min(len(self.tokenize("".join(parts), special=False)), c.consumed)

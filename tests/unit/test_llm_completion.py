@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from services.llm.completion import JOIN_TURNS, Completion, Merge, coalesce
+from services.llm.completion import JOIN_TURNS, Completion, coalesce, merge
 from services.llm.detokenizer import TokenDecoding
 from tritongate.llm.v1 import llm_pb2
 
@@ -106,43 +106,13 @@ async def _items(values: list[int], delay: float, fail: bool = False) -> AsyncGe
 
 
 async def test_merge_interleaves_concurrent_streams() -> None:
-    got = [item async for batch in Merge([_items([1, 2, 3], 0.02), _items([10, 20, 30], 0.03)]) for item in batch]
+    got = [item async for batch in merge([_items([1, 2, 3], 0.02), _items([10, 20, 30], 0.03)]) for item in batch]
     assert sorted(got) == [1, 2, 3, 10, 20, 30] and got.index(10) < got.index(3)
-
-
-async def test_merge_starts_its_streams_before_the_first_batch_is_asked_for() -> None:
-    started = asyncio.Event()
-
-    async def stream() -> AsyncGenerator[int, None]:
-        started.set()  # a generation's Triton call goes out here, before its `accepted` is written
-        yield 1
-
-    merged = Merge([stream()])
-    await asyncio.sleep(0)
-    assert started.is_set()
-    assert [batch async for batch in merged] == [[1]]
-
-
-async def test_closing_a_merge_never_iterated_stops_its_streams() -> None:
-    closed = asyncio.Event()
-
-    async def endless() -> AsyncGenerator[int, None]:
-        try:
-            while True:
-                await asyncio.sleep(0.01)
-                yield 0
-        finally:
-            closed.set()
-
-    merged = Merge([endless()])
-    await asyncio.sleep(0.03)
-    await merged.aclose()
-    assert closed.is_set() and all(task.done() for task in merged.tasks)
 
 
 async def test_merge_batches_what_arrived_while_the_reader_was_busy() -> None:
     batches = []
-    async for batch in Merge([_items(list(range(6)), 0.01)]):
+    async for batch in merge([_items(list(range(6)), 0.01)]):
         batches.append(batch)
         await asyncio.sleep(0.035)  # a slow reader
     assert [item for batch in batches for item in batch] == list(range(6))
@@ -160,7 +130,7 @@ async def test_merge_joins_what_arrives_within_a_few_turns_of_the_loop_and_no_la
         yield value
 
     assert JOIN_TURNS > 3
-    batches = [batch async for batch in Merge([after_turns("a", 0), after_turns("b", 3), later("c")])]
+    batches = [batch async for batch in merge([after_turns("a", 0), after_turns("b", 3), later("c")])]
     assert batches == [["a", "b"], ["c"]]
 
 
@@ -172,19 +142,19 @@ async def _fast() -> AsyncGenerator[int, None]:
 
 
 async def test_after_the_first_batch_what_comes_within_the_interval_leaves_together() -> None:
-    batches = [batch async for batch in Merge([_fast()], min_interval_s=0.2)]  # far longer than the stream takes
+    batches = [batch async for batch in merge([_fast()], min_interval_s=0.2)]  # far longer than the stream takes
     assert batches == [[0], [1, 2, 3, 4, 5, 6, 7]]  # the first at once, the rest within the interval
 
 
 async def test_a_stream_that_ends_does_not_wait_out_the_interval() -> None:
     async def collect() -> list[list[int]]:  # an hour's interval: only the end can let the last batch go
-        return [batch async for batch in Merge([_fast()], min_interval_s=3600)]
+        return [batch async for batch in merge([_fast()], min_interval_s=3600)]
 
     assert await asyncio.wait_for(collect(), 30) == [[0], [1, 2, 3, 4, 5, 6, 7]]
 
 
 async def test_with_no_interval_each_item_past_the_join_window_leaves_alone() -> None:
-    batches = [batch async for batch in Merge([_fast()], min_interval_s=0)]
+    batches = [batch async for batch in merge([_fast()], min_interval_s=0)]
     assert batches == [[value] for value in range(8)]
 
 
@@ -199,7 +169,7 @@ def test_coalesce_joins_increments_per_completion() -> None:
 async def test_merge_passes_on_what_arrived_with_a_failure_before_raising_it() -> None:
     received = []
     with pytest.raises(RuntimeError, match="boom"):
-        async for batch in Merge([_items([1, 2, 3], 0, fail=True)]):  # items and failure in one batch
+        async for batch in merge([_items([1, 2, 3], 0, fail=True)]):  # items and failure in one batch
             received.extend(batch)
     assert received == [1, 2, 3]
 
@@ -216,6 +186,6 @@ async def test_merge_fails_when_one_stream_fails_and_closes_the_others() -> None
             closed.set()
 
     with pytest.raises(RuntimeError, match="boom"):
-        async for _ in Merge([endless(), _items([1], 0.02, fail=True)]):
+        async for _ in merge([endless(), _items([1], 0.02, fail=True)]):
             pass
     await asyncio.wait_for(closed.wait(), 1)

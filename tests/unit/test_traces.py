@@ -82,7 +82,7 @@ CHAT = [
     "services.llm.fastertransformer.FasterTransformer.stream",
     "services.llm.completion.Completion.add",
     "services.llm.detokenizer.Detokenizer",
-    "services.llm.completion.Merge",
+    "services.llm.completion.merge",
     "edge.clients.Generation.deltas",
     "edge.streaming.ChunkFraming.delta",
     "edge.endpoints.chat.ChatShape.delta",
