@@ -113,8 +113,7 @@ class _Stream:
         self.streams = streams
         self.outbox: asyncio.Queue[llm_pb2.GenerateCall | None] = asyncio.Queue()
         self.generations: dict[int, ManyGeneration] = {}
-        self.ids = itertools.count()
-        self.started = 0  # generations it took
+        self.started = 0  # generations it took; each one's id is its number among them
         self.opened = time.monotonic()
         self.retired = False
         self.call = streams.stub.GenerateMany(self._calls())
@@ -125,7 +124,7 @@ class _Stream:
             yield call
 
     def add(self, generation: ManyGeneration) -> int:
-        id = next(self.ids)
+        id = self.started
         self.started += 1
         self.generations[id] = generation
         self.outbox.put_nowait(llm_pb2.GenerateCall(id=id, start=generation.request, context=generation.context))
