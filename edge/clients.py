@@ -32,6 +32,7 @@ from tritongate.registry import EMBED, LLM, RERANK, ServiceInfo
 from tritongate.rerank.v1 import rerank_pb2
 from tritongate.settings import Settings
 from tritongate.tls import ClientTls, client_tls
+from tritongate.tracing import traceparent
 from tritongate.wire import MAX_MESSAGE_BYTES
 
 if TYPE_CHECKING:
@@ -203,7 +204,8 @@ class LlmClient(ServiceClient):
         await self._route_and_label(request.model)
         messages: Messages
         if self.streams is not None:
-            context = common_pb2.ItemContext(request_id=REQUEST_ID.get(), timeout_s=self.timeout)
+            context = common_pb2.ItemContext(request_id=REQUEST_ID.get(), timeout_s=self.timeout,
+                                             traceparent=traceparent())
             messages = ManyGeneration(self.streams, request, context)
         else:
             messages = _Call(self.stub.Generate(request, timeout=self.timeout, metadata=request_metadata()), self)
@@ -307,9 +309,8 @@ class ServiceClients:
             return kind(channel(kind), directory, settings.unary_timeout_s, settings.retry_after_s,
                         settings.calls_per_model)
 
-        # With tracing on, each generation is a call of its own, so that each has its span.
         llm = LlmClient(channel(LlmClient), directory, settings.request_timeout_s, settings.retry_after_s,
-                        0 if settings.otel else settings.llm_streams)
+                        settings.llm_streams)
         return cls(directory, llm, encoder(EmbedClient), encoder(RerankClient))
 
     @property
