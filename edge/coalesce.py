@@ -5,11 +5,12 @@ returns). A request alone goes as an ordinary unary call, from its own task: no 
 when idle. Under load, the gRPC hop and the service's per-call work are paid per batch, not per request.
 A batch holds at most `max_inputs` inputs: a large request goes alone.
 
-Each request keeps what a unary call would give it: its request id and its own deadline travel with it
-(`ItemContext`), its failure is its own (an item error, mapped by the same table as a failed call, in
-the caller's task, so that what it logs carries the caller's request id), and a caller that goes away
-(client disconnect) leaves the others' call alone; a call whose callers have all gone is cancelled. The
-service admits each item on its own, so `max_in_flight` still counts requests.
+Each request keeps what a unary call would give it: its request id, its own deadline and, with tracing
+on, its span travel with it (`ItemContext`), its failure is its own (an item error, mapped by the same
+table as a failed call, in the caller's task, so that what it logs carries the caller's request id), and
+a caller that goes away (client disconnect) leaves the others' call alone; a call whose callers have all
+gone is cancelled. The service serves each item as the unary call it stands for (services/common/items.py),
+so `max_in_flight` and its metrics still count requests.
 How long a request waited here before its call left: `Item.held_s` of the item from `Coalescer.item`.
 """
 
@@ -27,6 +28,7 @@ from edge.telemetry import current
 from tritongate.batching import EDGE_MAX_INPUTS, EDGE_MAX_ITEMS, Batches, Item
 from tritongate.busy import ProcessBusy
 from tritongate.common.v1 import common_pb2
+from tritongate.tracing import traceparent
 from tritongate.wire import REQUEST_ID_KEY
 
 Request = Item[Any, Any]  # a service request (EmbedRequest, RerankRequest) and its answer
@@ -59,7 +61,7 @@ class Coalescer:
 
     def item(self, request: Any) -> Request:
         """`request` as an item to `send` (its `held_s` is how long it waits here)."""
-        return Item(request, self.calls.inputs(request))
+        return Item(request, self.calls.inputs(request), trace=traceparent())
 
     async def call(self, request: Any) -> Any:
         """The service's answer to `request` (an OpenAIError when it fails). How long it waited here is the
@@ -95,7 +97,8 @@ class Coalescer:
     async def _batch(self, batch: list[Request]) -> list[Any]:
         calls, now = self.calls, time.monotonic()
         items = [calls.batch_item(request=item.payload, context=common_pb2.ItemContext(
-            request_id=item.request_id, timeout_s=max(self._deadline(item) - now, 0.001))) for item in batch]
+            request_id=item.request_id, timeout_s=max(self._deadline(item) - now, 0.001), traceparent=item.trace))
+                 for item in batch]
         response = await calls.batch(calls.batch_request(items=items),
                                      timeout=max(self._deadline(item) for item in batch) - now)
         if len(response.results) != len(batch):

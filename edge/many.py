@@ -16,6 +16,7 @@ go to the next replica.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import itertools
 import logging
 import time
@@ -51,7 +52,10 @@ class ManyGeneration:
         self._waiter: asyncio.Future[None] | None = None
         self.accepted = self.ended = self.retried = False
         self.stream, self.id = streams.start(self)
-        # The service keeps the deadline; this one holds when the service cannot (its event loop stuck).
+        # The service keeps the deadline (services/common/items.py) and ends the generation with its own
+        # DEADLINE_EXCEEDED. This guard, a second later, is the half of a call's deadline that gRPC keeps on
+        # the caller's side: the stream has no deadline (it outlives its generations), so without it nothing
+        # would end a generation whose service cannot answer (its event loop stuck, its connection silent).
         self._handle = asyncio.get_running_loop().call_later(context.timeout_s + 1.0, self._expire) \
             if context.timeout_s else None
 
@@ -116,8 +120,12 @@ class _Stream:
         self.started = 0  # generations it took; each one's id is its number among them
         self.opened = time.monotonic()
         self.retired = False
-        self.call = streams.stub.GenerateMany(self._calls())
-        self.reader = asyncio.create_task(self._read())
+        # Opened in a context of its own: it serves many requests, so its span and its log lines are not those
+        # of the request whose generation opened it (each generation carries its own: ItemContext).
+        self.call, self.reader = contextvars.Context().run(self._open)
+
+    def _open(self) -> tuple[Any, asyncio.Task[None]]:
+        return self.streams.stub.GenerateMany(self._calls()), asyncio.create_task(self._read())
 
     async def _calls(self) -> AsyncIterator[llm_pb2.GenerateCall]:
         while (call := await self.outbox.get()) is not None:

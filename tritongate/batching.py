@@ -75,11 +75,13 @@ def new_loop_future() -> asyncio.Future[Any]:
 @dataclass(slots=True, eq=False)
 class Item(Generic[P, R]):
     """One item to batch: its payload, its size (inputs, rows), the id of the request it belongs to (the
-    submitter's by default), and when it was submitted and when its call left (time.monotonic())."""
+    submitter's by default) and, with tracing on, that request's span (`trace`, a W3C traceparent, for the
+    edge's batch RPCs), and when it was submitted and when its call left (time.monotonic())."""
 
     payload: P
     size: int = 1
     request_id: str = field(default_factory=REQUEST_ID.get)
+    trace: str = ""
     submitted: float = field(default_factory=lambda: time.monotonic())  # the clock of the moment (tests')
     sent: float | None = None  # set when its call leaves (or, alone, when it may go)
     result: asyncio.Future[R] = field(default_factory=new_loop_future)

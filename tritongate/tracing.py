@@ -3,7 +3,10 @@
 Spans go to an OTLP exporter configured by the standard OTEL_* variables (OTEL_EXPORTER_OTLP_ENDPOINT,
 OTEL_EXPORTER_OTLP_PROTOCOL: grpc by default or http/protobuf, OTEL_SERVICE_NAME, ...). The edge traces
 its HTTP requests and its gRPC calls; a service traces the RPCs it serves, as children of the edge's
-spans (the trace context travels in gRPC metadata). Every span carries the request id.
+spans (the trace context travels in gRPC metadata). A request inside a shared RPC (an item of a batch
+RPC, a generation of GenerateMany) carries its caller's span in its `ItemContext` instead (`traceparent`),
+and the service gives it a span of its own under that one (`ItemSpans`), as it would give its own call.
+Every span carries the request id.
 """
 
 from __future__ import annotations
@@ -11,10 +14,68 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import grpc
+
 from tritongate.logs import REQUEST_ID, on_bind
 
 EXTRA = "pip install 'tritongate[otel]'"
 ATTRIBUTE = "tritongate.request_id"
+TRACEPARENT = "traceparent"  # the W3C header, as the gRPC metadata of a traced call carries it
+
+
+class ItemSpans:
+    """Trace context for the requests that share an RPC: the edge puts the current span in each request's
+    `ItemContext`, the service starts the request's span under it."""
+
+    def __init__(self, tracer: Any) -> None:
+        from opentelemetry.trace import SpanKind, Status, StatusCode
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+        self.tracer = tracer
+        self.propagator = TraceContextTextMapPropagator()  # W3C, whatever OTEL_PROPAGATORS says
+        self.server, self.error, self.status = SpanKind.SERVER, StatusCode.ERROR, Status
+
+    def traceparent(self) -> str:
+        carrier: dict[str, str] = {}
+        self.propagator.inject(carrier)
+        return carrier.get(TRACEPARENT, "")
+
+    def start(self, name: str, traceparent: str, request_id: str) -> Any:
+        parent = self.propagator.extract({TRACEPARENT: traceparent})
+        span = self.tracer.start_span(name, context=parent, kind=self.server)
+        span.set_attribute(ATTRIBUTE, request_id)  # the request's own, whatever the task has bound
+        return span
+
+    def end(self, span: Any, code: grpc.StatusCode) -> None:
+        span.set_attribute("rpc.grpc.status_code", code.value[0])  # as the gRPC instrumentation sets it
+        if code is not grpc.StatusCode.OK:
+            span.set_status(self.status(self.error, code.name))
+        span.end()
+
+
+# Process-wide, as the tracer provider it uses: set by setup_tracing, None while tracing is off.
+_items: ItemSpans | None = None
+
+
+def traceparent() -> str:
+    """The current span as a W3C `traceparent`, for a request that goes inside a shared RPC; "" when
+    tracing is off."""
+    return "" if _items is None else _items.traceparent()
+
+
+def item_span(name: str, traceparent: str, request_id: str) -> Any:
+    """The span of a request inside a shared RPC, named as the call it stands for (`/<service>/<method>`),
+    a child of the caller's span it carries: started now, ended by `end_item_span`. None when tracing is
+    off or the request carries no span."""
+    if _items is None or not traceparent:
+        return None
+    return _items.start(name, traceparent, request_id)
+
+
+def end_item_span(span: Any, code: grpc.StatusCode) -> None:
+    """End the span `item_span` gave (nothing when it gave None), with the status the request ended with."""
+    if span is not None and _items is not None:
+        _items.end(span, code)
 
 
 class TracingUnavailable(RuntimeError):
@@ -57,6 +118,8 @@ def setup_tracing(component: str, exporter: Any = None) -> Any:
     provider.add_span_processor(RequestIdSpans())
     provider.add_span_processor(BatchSpanProcessor(exporter if exporter is not None else _exporter()))
     trace.set_tracer_provider(provider)
+    global _items
+    _items = ItemSpans(provider.get_tracer(__name__))
     # The span of the HTTP request or RPC starts before its id is known: it gets the id when bound.
     on_bind(lambda request_id: trace.get_current_span().set_attribute(ATTRIBUTE, request_id))
     # Both patch grpc.aio's constructors: channels and servers made from now on are traced.

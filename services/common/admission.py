@@ -18,7 +18,7 @@ import grpc
 from services.common.interceptors import around, method_of
 from tritongate.wire import CODE_KEY, OVERLOADED
 
-# ListModels is not inference; the batch RPCs take a slot per request they carry (services/common/batch.py).
+# ListModels is not inference; the batch RPCs take a slot per request they carry (services/common/items.py).
 _NOT_COUNTED = frozenset({"ListModels", "EmbedBatch", "RerankBatch"})
 
 
@@ -40,7 +40,7 @@ class Admission:
         self.in_flight += 1
 
     def try_enter(self) -> bool:
-        """Take a slot if there is one (the batch RPCs take one per item)."""
+        """Take a slot if there is one (for a request inside a shared RPC: services/common/items.py)."""
         if self.in_flight >= self.limit:
             return False
         self.in_flight += 1

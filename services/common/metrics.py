@@ -5,9 +5,10 @@ The interceptor is the one place a service reads an RPC's request id: it takes i
 Triton calls; everything else reads `REQUEST_ID.get()`. (Requests that share an RPC, the items of a batch
 RPC and the generations of GenerateMany, carry theirs in their `ItemContext`, bound where each is served.)
 It also counts RPCs started, handled (by status code), in flight, and their latency, under the names
-go-grpc-prometheus made common; `counted_as` counts a generation of GenerateMany as its own Generate call.
-Triton calls, each model's Triton endpoints and encoder batches are measured too. Served over HTTP on
-TRITONGATE_METRICS_PORT (`--metrics-port`; 0 = off).
+go-grpc-prometheus made common; a request inside a shared RPC counts there as the call it stands for, and
+in BATCHED under the shared RPC (services/common/items.py). Triton calls, each model's Triton endpoints
+and encoder batches are measured too. Served over HTTP on TRITONGATE_METRICS_PORT (`--metrics-port`;
+0 = off).
 
 Where each request's time went (`Stages`: queue, tokenization, inference) travels back to the edge in the
 answer (`common.v1.Timings`), which shows it to the client, logs it and exports it per stage: the edge
@@ -26,7 +27,6 @@ from typing import Any
 import grpc
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
-from services.common.errors import ServiceError
 from services.common.interceptors import around, kind_of, method_of
 from tritongate.common.v1 import common_pb2
 from tritongate.logs import NO_REQUEST, bind_request_id, sane_request_id
@@ -57,9 +57,10 @@ ENDPOINT_EJECTIONS = Counter("tritongate_triton_endpoint_ejections_total",
                              "Times an endpoint was taken out of a model's rotation (a call found it unavailable, "
                              "or its readiness check said no).", _ENDPOINT)
 BATCHED = Counter("tritongate_batched_requests_total",
-                  "Requests that arrived together in one batch RPC (EmbedBatch, RerankBatch), by method and "
-                  "outcome (a gRPC status code name); each batch RPC counts once in grpc_server_handled_total.",
-                  ("grpc_method", "outcome"))
+                  "Requests that shared an RPC with others (the items of EmbedBatch and RerankBatch, the "
+                  "generations of GenerateMany), by that RPC's method and the request's outcome (a gRPC status "
+                  "code name); each also counts as the call it stands for (Embed, Rerank, Generate) in the "
+                  "grpc_server_* metrics, and the shared RPC once as itself.", ("grpc_method", "outcome"))
 BATCH_SIZE = Histogram("tritongate_batch_size", "Rows per Triton call of an encoder model (requests merged).",
                        ("model",), buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512))
 
@@ -73,13 +74,15 @@ def _code(context: grpc.aio.ServicerContext, error: BaseException | None) -> grp
     return grpc.StatusCode.UNKNOWN if error is not None else grpc.StatusCode.OK
 
 
-def _started(labels: tuple[str, str, str]) -> float:
+def count_started(labels: tuple[str, str, str]) -> float:
+    """Counts a call of `labels` (service, method, type) started and in flight; returns its start time."""
     STARTED.labels(*labels).inc()
     IN_FLIGHT.labels(*labels).inc()
     return time.perf_counter()
 
 
-def _handled(labels: tuple[str, str, str], start: float, code: grpc.StatusCode) -> None:
+def count_handled(labels: tuple[str, str, str], start: float, code: grpc.StatusCode) -> None:
+    """Counts the call `count_started` started as handled, with its code and latency."""
     IN_FLIGHT.labels(*labels).dec()
     HANDLED.labels(*labels, code.name).inc()
     LATENCY.labels(*labels).observe(time.perf_counter() - start)
@@ -96,28 +99,10 @@ class _Rpc:
 
     async def __aenter__(self) -> None:
         bind_request_id(self.request_id)
-        self.start = _started(self.labels)
+        self.start = count_started(self.labels)
 
     async def __aexit__(self, kind: object, error: BaseException | None, traceback: object) -> None:
-        _handled(self.labels, self.start, _code(self.context, error))
-
-
-@contextmanager
-def counted_as(labels: tuple[str, str, str]) -> Iterator[None]:
-    """Counts a request that shares its RPC with others (a generation of GenerateMany) as the RPC of
-    `labels` would be counted; its code is that of the ServiceError it raised (INTERNAL for anything else)."""
-    start = _started(labels)
-    code = grpc.StatusCode.OK
-    try:
-        yield
-    except asyncio.CancelledError:
-        code = grpc.StatusCode.CANCELLED
-        raise
-    except BaseException as exc:
-        code = exc.code if isinstance(exc, ServiceError) else grpc.StatusCode.INTERNAL
-        raise
-    finally:
-        _handled(labels, start, code)
+        count_handled(self.labels, self.start, _code(self.context, error))
 
 
 def _request_id(metadata: Sequence[tuple[str, Any]] | None) -> str:

@@ -5,10 +5,9 @@ generation is then a message on an open stream, not a new RPC, and what the gene
 the same moment (a turn of the event loop, or while the previous message is being written) leaves as one
 message, so gRPC's cost per message is paid once for all of them.
 
-Each generation is served as Generate serves one: in a task of its own with its request id bound, an
-admission slot (refused with RESOURCE_EXHAUSTED beyond `max_in_flight`), counted in the RPC metrics as a
-Generate call, under its own deadline, and ended by a failure with the status Generate would have ended
-with (services/common/errors.py `item_error`).
+Each generation is served as the Generate call it stands for, in a task of its own, by the rule of every
+request inside a shared RPC (services/common/items.py): its request id, admission slot, deadline, metrics
+(as a Generate call), span, and its failure as the status Generate would have ended with.
 """
 
 from __future__ import annotations
@@ -17,20 +16,16 @@ import asyncio
 import functools
 from collections.abc import AsyncIterator
 
-import grpc
-
 from services.common.admission import Admission
-from services.common.errors import ServiceError, invalid_argument, item_error
-from services.common.metrics import counted_as
+from services.common.errors import invalid_argument, item_error
+from services.common.items import ItemCalls
 from services.common.server import ModelSet
 from services.llm.model import LanguageModel
 from tritongate.llm.v1 import llm_pb2
-from tritongate.logs import NO_REQUEST, bind_request_id, sane_request_id
 from tritongate.registry import LLM
-from tritongate.wire import OVERLOADED
 
-# Each generation counts as the Generate call it replaces.
-GENERATE_LABELS = (LLM.grpc_service, "Generate", "server_stream")
+# The call each generation stands for.
+GENERATE_CALL = (LLM.grpc_service, "Generate", "server_stream")
 
 
 class ManyGenerations:
@@ -38,7 +33,7 @@ class ManyGenerations:
 
     def __init__(self, models: ModelSet[LanguageModel], admission: Admission | None, stopping: asyncio.Event) -> None:
         self.models = models
-        self.admission = admission
+        self.calls = ItemCalls(GENERATE_CALL, "GenerateMany", admission, stopping)
         self.stopping = stopping  # set while the service drains: new generations go elsewhere
         self.running: dict[int, asyncio.Task[None]] = {}
         self.ready: list[llm_pb2.GenerateEvent] = []
@@ -85,27 +80,14 @@ class ManyGenerations:
                 self.running[call.id].cancel()  # it ends without a further event
 
     async def _generate(self, call: llm_pb2.GenerateCall) -> None:
-        bind_request_id(sane_request_id(call.context.request_id) or NO_REQUEST)  # this task's own context
-        timeout = call.context.timeout_s or None
-        try:
-            with counted_as(GENERATE_LABELS):
-                if self.stopping.is_set():
-                    raise ServiceError(grpc.StatusCode.UNAVAILABLE, "The service is shutting down.")
-                if self.admission is not None and not self.admission.try_enter():
-                    raise ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED, self.admission.message(),
-                                       error_code=OVERLOADED)
-                try:
-                    model = self.models.get(call.start.model)
-                    async with asyncio.timeout(timeout):
-                        async for response in model.generate(call.start, timeout):
-                            self._send(call.id, response=response)
-                except TimeoutError:
-                    raise ServiceError(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded") from None
-                finally:
-                    if self.admission is not None:
-                        self.admission.leave()
-        except Exception as exc:
-            self._send(call.id, failure=item_error(exc))
+        failure = await self.calls.start(call.context).serve(functools.partial(self._run, call))
+        if failure is not None:
+            self._send(call.id, failure=failure)
+
+    async def _run(self, call: llm_pb2.GenerateCall, timeout: float | None) -> None:
+        model = self.models.get(call.start.model)
+        async for response in model.generate(call.start, timeout):
+            self._send(call.id, response=response)
 
     def _send(self, id: int, **event: object) -> None:
         self.ready.append(llm_pb2.GenerateEvent(id=id, **event))  # type: ignore[arg-type]

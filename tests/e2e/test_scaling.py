@@ -104,13 +104,10 @@ class Replica:
                 if s.name == metric and s.labels.get("grpc_method") in methods]
 
     def served(self) -> int:
-        """Embed requests this replica completed with OK: one per Embed RPC, and those that came together
-        in an EmbedBatch RPC (the edge sends those under load)."""
-        unary = sum(v for labels, v in self.samples("grpc_server_handled_total", ("Embed",))
-                    if labels["grpc_code"] == "OK")
-        batched = sum(v for labels, v in self.samples("tritongate_batched_requests_total", ("EmbedBatch",))
-                      if labels["outcome"] == "OK")
-        return int(unary + batched)
+        """Embed requests this replica completed with OK: each counts as an Embed call, whether it came in an
+        Embed RPC or with others in an EmbedBatch RPC (the edge sends those under load)."""
+        return int(sum(v for labels, v in self.samples("grpc_server_handled_total", ("Embed",))
+                       if labels["grpc_code"] == "OK"))
 
     def in_flight(self) -> int:
         return int(sum(v for _, v in self.samples("grpc_server_in_flight")))

@@ -16,6 +16,8 @@ import pytest
 
 from services.common.batch import serve_batch
 from services.common.errors import ServiceError
+from services.common.items import ItemCalls
+from services.embed.servicer import EMBED_CALL
 from tritongate.batching import MAX_BATCH_IDS, Batches, Item, joined_id
 from tritongate.common.v1 import common_pb2
 from tritongate.embed.v1 import embed_pb2
@@ -246,7 +248,7 @@ async def test_a_batch_rpc_logs_each_failed_item_under_its_own_id(logged: Callab
         embed_pb2.EmbedBatchItem(request=embed_pb2.EmbedRequest(model="m", texts=embed_pb2.TextBatch(texts=[t])),
                                  context=common_pb2.ItemContext(request_id=rid, timeout_s=5))
         for t, rid in (("x", "id-x"), ("y", "id-y"))])
-    response = await serve_batch(Models(), request, None, "EmbedBatch",  # type: ignore[arg-type]
+    response = await serve_batch(Models(), request, ItemCalls(EMBED_CALL, "EmbedBatch"),  # type: ignore[arg-type]
                                  embed_pb2.EmbedBatchResult, embed_pb2.EmbedBatchResponse)
     assert [result.error.message for result in response.results] == ["no x", "no y"]
     assert logged() == {"Triton failed": "id-x,id-y", "UNAVAILABLE: no x": "id-x", "UNAVAILABLE: no y": "id-y"}

@@ -79,3 +79,75 @@ def test_missing_packages_are_one_clear_error() -> None:
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert done.returncode != 0
     assert "pip install 'tritongate[otel]'" in done.stderr.splitlines()[-1]
+
+
+MANY = textwrap.dedent('''
+    import asyncio, json
+    import grpc
+    from opentelemetry import trace
+    from opentelemetry.instrumentation.grpc import GrpcAioInstrumentorClient
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from edge.clients import LlmClient, ModelDirectory, open_channel
+    from services.common.metrics import MetricsInterceptor
+    from services.llm.servicer import LlmServicer
+    from tritongate.common.v1 import common_pb2
+    from tritongate.llm.v1 import llm_pb2
+    from tritongate.logs import bind_request_id
+    from tritongate.registry import LLM
+    from tritongate.tracing import setup_tracing
+
+    memory = InMemorySpanExporter()
+    provider = setup_tracing("llm", exporter=memory)  # a service: its server is traced
+    GrpcAioInstrumentorClient().instrument(tracer_provider=provider)  # and the edge's side, here too
+
+    class Model:
+        async def generate(self, request, timeout):
+            yield llm_pb2.GenerateResponse(accepted=llm_pb2.Accepted(prompt_tokens=1, choices=1))
+            yield llm_pb2.GenerateResponse(usage=common_pb2.Usage(prompt_tokens=1))
+
+    class Models:
+        def get(self, name):
+            return Model()
+
+        def list_models(self):
+            return common_pb2.ListModelsResponse(models=[common_pb2.ModelCard(id="m", kind=LLM.kind)])
+
+    async def main():
+        server = grpc.aio.server(interceptors=[MetricsInterceptor()])
+        LLM.add_servicer(LlmServicer(Models()), server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        llm = LlmClient(open_channel(f"127.0.0.1:{port}", LLM), ModelDirectory(timeout=5), 30, streams=1)
+        edge = trace.get_tracer("edge")
+        for request_id in ("rid-one", "rid-two"):  # two requests, one GenerateMany stream
+            with edge.start_as_current_span(f"POST {request_id}", kind=trace.SpanKind.SERVER):
+                bind_request_id(request_id)
+                generation = await llm.generate(llm_pb2.GenerateRequest(model="m"))
+                await generation.accepted()
+                assert [delta async for delta in generation.deltas()] == []
+        await llm.close()
+        await server.stop(None)
+
+    asyncio.run(main())
+    provider.force_flush()
+    print(json.dumps([{"name": s.name, "kind": s.kind.name, "trace": s.context.trace_id, "id": s.context.span_id,
+                       "parent": s.parent.span_id if s.parent else None,
+                       "request_id": s.attributes.get("tritongate.request_id")}
+                      for s in memory.get_finished_spans()]))
+''')
+
+
+def test_a_generation_on_a_shared_stream_has_its_own_span_under_the_edges() -> None:
+    done = subprocess.run([sys.executable, "-c", MANY], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    spans = json.loads(done.stdout.splitlines()[-1])
+    calls = [s for s in spans if s["kind"] == "CLIENT" and "/Generate" in s["name"]]
+    assert [s["name"] for s in calls] == ["/tritongate.llm.v1.LlmService/GenerateMany"]  # one stream, no Generate
+    assert calls[0]["parent"] is None  # the stream is no one request's
+    for request_id in ("rid-one", "rid-two"):
+        edge = next(s for s in spans if s["name"] == f"POST {request_id}")
+        generation = next(s for s in spans if s["name"] == "/tritongate.llm.v1.LlmService/Generate"
+                          and s["request_id"] == request_id)
+        assert generation["kind"] == "SERVER"
+        assert (generation["trace"], generation["parent"]) == (edge["trace"], edge["id"])

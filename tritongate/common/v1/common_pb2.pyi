@@ -206,27 +206,34 @@ Global___TokenIds: _TypeAlias = TokenIds  # noqa: Y015
 
 @_typing.final
 class ItemContext(_message.Message):
-    """What a unary call carries in its metadata and deadline, carried per item by the batch RPCs (e.g.
-    EmbedBatch), which the edge uses to send concurrent requests for one model in one call.
+    """What a call carries in its metadata and deadline, carried per request by the RPCs that several requests
+    share (the items of a batch RPC such as EmbedBatch, the generations of GenerateMany), whose own metadata
+    and deadline are the shared RPC's.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
 
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     TIMEOUT_S_FIELD_NUMBER: _builtins.int
+    TRACEPARENT_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
-    """The request id, as the x-request-id metadata of a unary call carries it."""
+    """The request id, as the x-request-id metadata of a call carries it."""
     timeout_s: _builtins.float
-    """Seconds left until the item's own deadline; 0 when it has none."""
+    """Seconds left until the request's own deadline; 0 when it has none."""
+    traceparent: _builtins.str
+    """With tracing on, the caller's span as a W3C `traceparent` ("00-<trace id>-<span id>-<flags>"), as the
+    traceparent metadata of a call carries it: the service's span of the request is its child. "" when off.
+    """
     def __init__(
         self,
         *,
         request_id: _builtins.str = ...,
         timeout_s: _builtins.float = ...,
+        traceparent: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["request_id", b"request_id", "timeout_s", b"timeout_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["request_id", b"request_id", "timeout_s", b"timeout_s", "traceparent", b"traceparent"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -234,7 +241,7 @@ Global___ItemContext: _TypeAlias = ItemContext  # noqa: Y015
 
 @_typing.final
 class ItemError(_message.Message):
-    """Why one item of a batch RPC failed: the status a unary call for it would have ended with."""
+    """Why one request of a shared RPC failed: the status a call for it alone would have ended with."""
 
     DESCRIPTOR: _descriptor.Descriptor
 

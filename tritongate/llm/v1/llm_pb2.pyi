@@ -772,7 +772,9 @@ class GenerateCall(_message.Message):
 
     @_builtins.property
     def context(self) -> _common_pb2.ItemContext:
-        """With `start`: the request id and the deadline, as Generate's metadata and deadline carry them."""
+        """With `start`: the request id, the deadline and the trace context, as Generate's metadata and deadline
+        carry them.
+        """
 
     def __init__(
         self,
