@@ -3,7 +3,7 @@
     python bench/triton_replicas.py [--seconds 10] > result.json
 
 Starts two Tritons (A and B) on free ports, one embed service whose models name both (services/common/
-endpoints.py: the ready endpoint with the fewest calls in flight takes the next call) and the edge, and
+triton_pool.py: the ready endpoint with the fewest calls in flight takes the next call) and the edge, and
 sends single-sentence embeddings requests through the edge, closed-loop, to:
 - `embed-echo` on A only: the reference, one Triton;
 - `embed-echo` on A and B, both instant;

@@ -196,7 +196,7 @@ class TritonModelEntry(_Section):
     @property
     def triton_addresses(self) -> list[TritonAddress]:
         """Where to reach Triton over gRPC: one or more endpoints, the model served by those that have it
-        ready (services/common/endpoints.py).
+        ready (services/common/triton_pool.py).
 
         Denglin's openai_api points embedding and rerank models at Triton's HTTP port; tritongate speaks
         gRPC, so the default HTTP port 8000 in `url` becomes the default gRPC port 8001 unless `grpc_url`

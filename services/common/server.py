@@ -18,11 +18,11 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from services.common.admission import Admission, AdmissionInterceptor
-from services.common.endpoints import Endpoints
 from services.common.errors import ServiceError, invalid_argument, model_not_found, rpc
 from services.common.metrics import MetricsInterceptor, handled_by_code, in_flight
 from services.common.tokenize import TokenizerServicer
 from services.common.triton import Triton
+from services.common.triton_pool import TritonPool
 from tritongate.common.v1 import common_pb2, tokenizer_pb2, tokenizer_pb2_grpc
 from tritongate.config import TritonModelEntry
 from tritongate.llm.v1 import llm_pb2
@@ -50,7 +50,7 @@ class ServedModel:
         self.entry = entry
         self.name = entry.name
         self.triton = triton
-        self.endpoints = Endpoints(entry.triton_addresses, entry.name, triton.resolve_every_s)
+        self.triton_pool = TritonPool(entry.triton_addresses, entry.name, triton.resolve_every_s)
         self.triton_name = entry.triton_name
         self.created = int(time.time())
         self.why_not_ready: str | None = "not checked yet"  # None: ready
@@ -71,23 +71,23 @@ class ServedModel:
     async def refresh(self) -> bool:
         """Follow the Triton model's readiness on each endpoint: ready while one endpoint has it ready. Read
         its configuration (from a ready endpoint) each time it becomes ready."""
-        why_not = await self.endpoints.refresh(lambda address: self.triton.why_not_ready(address, self.triton_name))
+        why_not = await self.triton_pool.refresh(lambda address: self.triton.why_not_ready(address, self.triton_name))
         ready = why_not is None
         if ready and not self.ready:
-            address = self.endpoints.ready()[0].address
+            address = self.triton_pool.ready()[0].address
             self.on_ready(await self.triton.model_config(address, self.triton_name))
             log.info("model %s ready (Triton model %s at %s)", self.name, self.triton_name,
-                     ",".join(endpoint.address for endpoint in self.endpoints.ready()))
+                     ",".join(endpoint.address for endpoint in self.triton_pool.ready()))
         elif self.ready and not ready:
-            log.warning("model %s is no longer ready in Triton at %s: %s", self.name, self.endpoints, why_not)
+            log.warning("model %s is no longer ready in Triton at %s: %s", self.name, self.triton_pool, why_not)
         self.why_not_ready = why_not
         return ready
 
     async def ensure_ready(self) -> None:
         """Before serving a request: UNAVAILABLE unless the Triton model is (or has just become) ready."""
         if not self.ready and not await self.refresh():
-            raise ServiceError(grpc.StatusCode.UNAVAILABLE,
-                               f"model `{self.name}` is not ready in Triton at {self.endpoints}: {self.why_not_ready}")
+            raise ServiceError(grpc.StatusCode.UNAVAILABLE, f"model `{self.name}` is not ready in Triton at "
+                               f"{self.triton_pool}: {self.why_not_ready}")
 
     def on_ready(self, triton_config: dict[str, Any]) -> None:
         """Read what the service needs from the Triton model configuration."""

@@ -1,4 +1,4 @@
-"""One model on two real Tritons (services/common/endpoints.py), behind the real embed and llm services and
+"""One model on two real Tritons (services/common/triton_pool.py), behind the real embed and llm services and
 the edge: both Tritons take calls, a slow one takes fewer, a Triton killed under load costs no embedding
 request (its calls are tried again on the other) and ends the generation it was streaming with a clean
 error event, and a Triton started again on the same ports takes calls again. An address in the list where

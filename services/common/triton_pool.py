@@ -1,4 +1,4 @@
-"""The Triton endpoints one model is served from, and which of them takes its next call.
+"""A model's pool of Triton endpoints: those it is served from, and which of them takes its next call.
 
 A model's Triton address names one endpoint or several (tritongate/config.py, `TritonAddress`): fixed
 `host:port`s, and DNS names (`dns:///host:port`) whose addresses are looked up again every few seconds,
@@ -69,8 +69,8 @@ class Endpoint:
     gone: bool = False  # its DNS name no longer resolves to it
 
 
-class Endpoints:
-    """The endpoints of one model (`name`: the model id, in logs and metrics), from its Triton addresses."""
+class TritonPool:
+    """The Triton endpoints of one model (`name`: the model id, in logs and metrics), from its Triton addresses."""
 
     def __init__(self, addresses: Sequence[TritonAddress], name: str,
                  resolve_every_s: float = DEFAULT_RESOLVE_EVERY_S, resolver: Resolver = resolve) -> None:
