@@ -1,6 +1,6 @@
 """A model's pool of Triton endpoints: those it is served from, and which of them takes its next call.
 
-A model's Triton address names one endpoint or several (tritongate/config.py, `TritonAddress`): fixed
+A model's Triton address names one endpoint or several (tritongate/triton_address.py, `TritonAddress`): fixed
 `host:port`s, and DNS names (`dns:///host:port`) whose addresses are looked up again every few seconds,
 so that Triton pods behind a Kubernetes headless Service are found as they come and go. Each endpoint is
 in or out of the model's rotation:
@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from services.common.metrics import ENDPOINT_CALLS, ENDPOINT_EJECTIONS, ENDPOINT_IN_FLIGHT, ENDPOINT_READY
-from tritongate.config import TritonAddress
+from tritongate.triton_address import TritonAddress
 
 log = logging.getLogger(__name__)
 

@@ -37,9 +37,10 @@ from services.common.server import RunningService, start_service
 from services.common.triton import Triton
 from services.common.triton_pool import TritonPool
 from services.runner import build_service
-from tritongate.config import ModelConfig, parse_model_config, parse_triton_address
+from tritongate.config import ModelConfig, parse_model_config
 from tritongate.registry import SERVICES
 from tritongate.settings import Settings
+from tritongate.triton_address import parse_triton_address
 
 TESTS = Path(__file__).resolve().parents[1]
 REPO = TESTS.parent

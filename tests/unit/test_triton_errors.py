@@ -11,7 +11,7 @@ from tritonclient.utils import InferenceServerException
 
 from services.common.triton import ReadinessUnknown, Triton, triton_error
 from services.common.triton_pool import TritonPool
-from tritongate.config import TritonAddress
+from tritongate.triton_address import TritonAddress
 
 STUB_DOWN = "Failed to process the request(s) for model instance 'm_0_0', message: Stub process 'm_0_0' is not healthy."
 

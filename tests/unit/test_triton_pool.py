@@ -21,7 +21,7 @@ from tritonclient.utils import InferenceServerException
 from services.common.errors import ServiceError
 from services.common.triton import Triton
 from services.common.triton_pool import ReadinessCheck, ReadinessUnknown, TritonPool, resolve
-from tritongate.config import TritonAddress, parse_triton_address
+from tritongate.triton_address import TritonAddress, parse_triton_address
 
 A, B, C = "10.0.0.1:8001", "10.0.0.2:8001", "10.0.0.3:8001"
 NOT_READY = "Triton reports it not ready"
