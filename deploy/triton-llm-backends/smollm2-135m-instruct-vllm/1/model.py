@@ -39,7 +39,8 @@ import json
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from tritongate.demo_models.llm_core import Owner, Sampling, Sequence, load_engine
+from tritongate.demo_models.llm_core import Owner, Sequence, load_engine
+from tritongate.demo_models.llm_sampling import Sampling
 from tritongate.demo_models.llm_text import IncrementalDecoder, load_tokenizer
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
