@@ -134,19 +134,29 @@ class ModelSet(Generic[M]):
         return bool(results) and all(result is True for result in results)
 
 
-def server_options(max_connection_age_ms: int, grace_s: float) -> list[tuple[str, Any]]:
-    """Connections are closed after an age so that clients re-resolve DNS and spread over replicas
-    added later; the grace lets streams in flight finish first."""
-    return [
-        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-        ("grpc.max_connection_age_ms", max_connection_age_ms),
-        ("grpc.max_connection_age_grace_ms", int(grace_s * 1000)),
-        ("grpc.keepalive_time_ms", 20_000),
-        ("grpc.keepalive_timeout_ms", 10_000),
-        ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
-        ("grpc.keepalive_permit_without_calls", 1),
-    ]
+@dataclass(frozen=True)
+class ServerOptions:
+    """How a service's gRPC server treats its connections and calls (run_service takes them from the
+    settings)."""
+
+    credentials: grpc.ServerCredentials | None = None  # TLS when given
+    max_connection_age_ms: int = 30_000
+    grace_s: float = 30.0
+    max_in_flight: int = 256  # inference RPCs worked on at once; more are refused (RESOURCE_EXHAUSTED)
+
+    def grpc_options(self) -> list[tuple[str, Any]]:
+        """Connections are closed after an age so that clients re-resolve DNS and spread over replicas
+        added later; the grace lets streams in flight finish first."""
+        return [
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_connection_age_ms", self.max_connection_age_ms),
+            ("grpc.max_connection_age_grace_ms", int(self.grace_s * 1000)),
+            ("grpc.keepalive_time_ms", 20_000),
+            ("grpc.keepalive_timeout_ms", 10_000),
+            ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+            ("grpc.keepalive_permit_without_calls", 1),
+        ]
 
 
 class ListModelsServicer(Generic[M]):
@@ -220,25 +230,18 @@ async def _watch_readiness(models: ModelSet[Any], health_servicer: HealthService
         await triton.wait_unreachable(5.0 if ready else 1.0)
 
 
-async def start_service(
-    spec: ServiceSpec,
-    triton: Triton,
-    *,
-    host: str,
-    port: int,
-    max_connection_age_ms: int = 30_000,
-    grace_s: float = 30.0,
-    credentials: grpc.ServerCredentials | None = None,
-    max_in_flight: int = 256,
-) -> RunningService:
-    """Start serving on host:port (0 picks a free port), over TLS when `credentials` are given; health is
-    NOT_SERVING until Triton is ready."""
+async def start_service(spec: ServiceSpec, triton: Triton, *, host: str, port: int,
+                        options: ServerOptions | None = None) -> RunningService:
+    """Start serving on host:port (0 picks a free port), over TLS when the options have credentials; health
+    is NOT_SERVING until Triton is ready."""
+    options = options or ServerOptions()
+    credentials = options.credentials
     # Metrics first (outermost), so that refusals for overload are counted too.
     name = spec.grpc_service
-    admission = AdmissionInterceptor(max_in_flight, (name,))
+    admission = AdmissionInterceptor(options.max_in_flight, (name,))
     spec.servicer.admission = admission.admission
     interceptors = [MetricsInterceptor(), admission]
-    server = grpc.aio.server(interceptors=interceptors, options=server_options(max_connection_age_ms, grace_s))
+    server = grpc.aio.server(interceptors=interceptors, options=options.grpc_options())
     spec.add_to(server)
     tokenizer_pb2_grpc.add_TokenizerServiceServicer_to_server(TokenizerServicer(spec.models), server)
     health_servicer = HealthServicer()
