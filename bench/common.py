@@ -9,7 +9,7 @@ For a bigger machine (a GPU server), the demo models' Triton configuration can b
 `--device`, `--triton-instances`, `--max-batch` and `--max-active` (see `TRITON`) make the private
 stack load patched copies of the demo models' folders from a temporary repository, never editing
 deploy/. Benchmarks whose load can be spread take `--load-processes N`: N load processes share each
-point's concurrency, so that one Python client is not what limits the rate (see `LoadProcesses`).
+point's concurrency, so that one Python client is not what limits the rate (bench/load.py).
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import multiprocessing
 import os
 import shutil
 import signal
@@ -29,8 +28,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Awaitable, Callable, Coroutine, Iterator
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +37,7 @@ from typing import Any
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
+from bench.load import LOAD, Load, LoadProcesses, load_processes
 from launcher.stack import LocalStack
 from launcher.workers import parse_workers
 from tritongate import procs
@@ -250,17 +249,29 @@ def ratio(edge: float, direct: float) -> float:
 Path_ = Callable[[list[str]], Awaitable[None]]
 
 
-async def compare(size: int, concurrency: int, item: Callable[[int], str], direct: Path_, edge: Path_,
-                  seconds: float, warmup: int = 10, model: str = "", load: Load | None = None) -> dict[str, Any]:
-    """One point: the same closed-loop load straight to Triton, then through the edge, and the ratios.
-    Request i carries `size` inputs: item(i * size), item(i * size + 1), ... With `model` (its Triton
-    name), each path also reports what the model cost Triton (ModelMeter). With `load` and load
-    processes, they send the load (`load.task` returns closed_loop's result) instead of this process."""
+@dataclass(frozen=True)
+class Requests:
+    """What a point sends: request i carries `size` inputs, item(i * size), item(i * size + 1), ..."""
+
+    size: int
+    item: Callable[[int], str]  # module-level, so that a load process can be given it
+
+    def inputs(self, i: int) -> list[str]:
+        return [self.item(i * self.size + k) for k in range(self.size)]
+
+
+async def compare(requests: Requests, concurrency: int, paths: Mapping[str, Path_], seconds: float, *,
+                  warmup: int = 10, model: str = "", load: Load | None = None) -> dict[str, Any]:
+    """One point: the same closed-loop load straight to Triton (`paths["direct_triton"]`), then through the
+    edge (`paths["edge"]`), and the ratios. With `model` (its Triton name), each path also reports what
+    the model cost Triton (ModelMeter). With `load` and load processes, they send the load (`load.task`
+    returns closed_loop's result) instead of this process."""
+    size = requests.size
     row: dict[str, Any] = {"items_per_request": size, "concurrency": concurrency}
     meter = CpuMeter()
-    for name, path in (("direct_triton", direct), ("edge", edge)):
-        async def call(i: int, path: Path_ = path) -> None:
-            await path([item(i * size + k) for k in range(size)])
+    for name in ("direct_triton", "edge"):
+        async def call(i: int, path: Path_ = paths[name]) -> None:
+            await path(requests.inputs(i))
 
         model_meter = ModelMeter(model) if model else None
 
@@ -285,64 +296,6 @@ async def compare(size: int, concurrency: int, item: Callable[[int], str], direc
     row["added_p50_ms"] = round(row["edge"]["p50_ms"] - row["direct_triton"]["p50_ms"], 2)
     print(json.dumps(row), file=sys.stderr, flush=True)
     return row
-
-
-@dataclass(frozen=True)
-class Load:
-    """A benchmark's load as a load process runs it: `task(ready, *args, path, concurrency, seconds)`, a
-    module-level coroutine function (a spawned process imports it) that opens its own clients, warms up,
-    calls `ready()` and measures `path` ("direct_triton" or "edge") at `concurrency` for `seconds`."""
-
-    task: Callable[..., Coroutine[Any, Any, Any]]
-    args: tuple[Any, ...]
-
-
-def _share(load: Load, barrier: Any, path: str, concurrency: int, seconds: float) -> Any:
-    """One load process's share of a point."""
-    return asyncio.run(load.task(lambda: barrier.wait(BARRIER_TIMEOUT_S), *load.args, path, concurrency, seconds))
-
-
-BARRIER_TIMEOUT_S = 300.0  # loading the clients, the tokenizer and the warm-up
-
-
-class LoadProcesses:
-    """`n` spawned processes (each its own event loop) that share each point's concurrency; every share
-    warms up, then all start together (a barrier, which the caller passes too before `started()`), so
-    that their measurement windows coincide. The caller merges what the shares return."""
-
-    def __init__(self, n: int) -> None:
-        context = multiprocessing.get_context("spawn")  # never fork a process with gRPC and event loops
-        self.n = n
-        self.manager = context.Manager()
-        self.pool = ProcessPoolExecutor(n, mp_context=context)
-
-    async def run(self, load: Load, path: str, concurrency: int, seconds: float,
-                  started: Callable[[], None]) -> list[Any]:
-        shares = [concurrency // self.n + (i < concurrency % self.n) for i in range(min(self.n, concurrency))]
-        barrier = self.manager.Barrier(len(shares) + 1)
-        loop = asyncio.get_running_loop()
-        futures = [loop.run_in_executor(self.pool, _share, load, barrier, path, share, seconds) for share in shares]
-        waiting = asyncio.ensure_future(asyncio.to_thread(barrier.wait, BARRIER_TIMEOUT_S))
-        while not waiting.done():
-            await asyncio.wait([waiting, *futures], return_when=asyncio.FIRST_COMPLETED)
-            if any(f.done() and f.exception() for f in futures):  # a share failed before it was ready
-                barrier.abort()
-                break
-        with contextlib.suppress(Exception):
-            await waiting
-        started()
-        return list(await asyncio.gather(*futures))
-
-    def close(self) -> None:
-        self.pool.shutdown(cancel_futures=True)
-        self.manager.shutdown()
-
-
-LOAD: dict[str, LoadProcesses] = {}  # the benchmark's load processes, when `--load-processes` asks for them
-
-
-def load_processes() -> LoadProcesses | None:
-    return LOAD.get("processes")
 
 
 def _positive(text: str) -> int:

@@ -26,7 +26,8 @@ from tritonclient.grpc.aio import InferenceServerClient
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import Load, Path_, bench_main, closed_loop, compare, private_stack
+from bench.common import Path_, Requests, bench_main, closed_loop, compare, private_stack
+from bench.load import Load, LoadTarget
 from services.common.triton import make_input
 from tritongate.settings import default_models_dir
 
@@ -66,11 +67,11 @@ def edge_path(http: aiohttp.ClientSession, model: str) -> Path_:
 
 
 @asynccontextmanager
-async def paths(grpc_url: str, edge_url: str, tokenizer_path: str, connections: int) -> AsyncIterator[dict[str, Path_]]:
+async def paths(target: LoadTarget, connections: int) -> AsyncIterator[dict[str, Path_]]:
     """Both paths, with their own clients."""
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
-    triton = InferenceServerClient(grpc_url)
-    http = aiohttp.ClientSession(edge_url, connector=aiohttp.TCPConnector(limit=connections))
+    tokenizer = AutoTokenizer.from_pretrained(target.tokenizer_path)
+    triton = InferenceServerClient(target.grpc_url)
+    http = aiohttp.ClientSession(target.edge_url, connector=aiohttp.TCPConnector(limit=connections))
     try:
         yield {"direct_triton": direct_path(tokenizer, triton, MODEL), "edge": edge_path(http, MODEL)}
     finally:
@@ -78,13 +79,12 @@ async def paths(grpc_url: str, edge_url: str, tokenizer_path: str, connections: 
         await triton.close()
 
 
-async def share(ready: Callable[[], None], grpc_url: str, edge_url: str, tokenizer_path: str, size: int,
-                path: str, concurrency: int, seconds: float) -> tuple[list[float], float]:
-    """A load process's share of a point (bench.common.Load)."""
-    async with paths(grpc_url, edge_url, tokenizer_path, max(concurrency, 1)) as both:
+async def share(ready: Callable[[], None], target: LoadTarget, requests: Requests, path: str, concurrency: int,
+                seconds: float) -> tuple[list[float], float]:
+    """A load process's share of a point (bench.load.Load)."""
+    async with paths(target, max(concurrency, 1)) as both:
         send = both[path]
-        return await closed_loop(lambda i: send([sentence(i * size + k) for k in range(size)]), concurrency,
-                                 seconds, started=ready)
+        return await closed_loop(lambda i: send(requests.inputs(i)), concurrency, seconds, started=ready)
 
 
 def parse_points(text: str) -> list[tuple[int, int]]:
@@ -109,12 +109,13 @@ async def run(seconds: float, points: list[tuple[int, int]]) -> dict[str, Any]:
     with private_stack({"embedding": [entry]}, [MODEL]) as stack:
         assert stack.triton is not None
         connections = max(64, *(concurrency for _, concurrency in points))
-        async with paths(stack.triton.grpc_url, stack.edge_url, entry["path"], connections) as both:
-            results = [
-                await compare(size, concurrency, sentence, both["direct_triton"], both["edge"], seconds, model=MODEL,
-                              load=Load(share, (stack.triton.grpc_url, stack.edge_url, entry["path"], size)))
-                for size, concurrency in points
-            ]
+        target = LoadTarget(stack.triton.grpc_url, stack.edge_url, entry["path"])
+        async with paths(target, connections) as both:
+            results = []
+            for size, concurrency in points:
+                requests = Requests(size, sentence)
+                results.append(await compare(requests, concurrency, both, seconds, model=MODEL,
+                                             load=Load(share, (target, requests))))
     return {"benchmark": "embeddings", "model": MODEL, "seconds_per_point": seconds, "results": results}
 
 

@@ -26,6 +26,7 @@ import asyncio
 import os
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -186,26 +187,32 @@ async def starts_point(channel: grpc.aio.Channel, seconds: float, on_stream: boo
         return took
 
     reader = asyncio.create_task(replies()) if stream is not None else None
-    latencies: list[float] = []
     await asyncio.sleep(0.5)  # the load running
-    deadline, index = time.perf_counter() + seconds, 0
-    while time.perf_counter() < deadline:
-        burst_start = time.perf_counter()
-        latencies += await asyncio.gather(*(one(index + i) for i in range(BURST)))
-        index += BURST
-        await asyncio.sleep(max(0.0, burst_start + BURST_EVERY_S - time.perf_counter()))
+    latencies = await bursts(one, seconds)
     if stream is not None:
         await stream.done_writing()
     if reader is not None:
         await reader
     load.cancel()
     await asyncio.gather(load, return_exceptions=True)
-    latencies.sort()
     row = {"way": "on_stream" if on_stream else "new_call", "server_work_us_per_delta": work_us,
            "starts": len(latencies),
            **{f"first_message_p{q}_ms": percentile_ms(latencies, q / 100) for q in (50, 90, 99)}}
     print(row, file=sys.stderr, flush=True)
     return row
+
+
+async def bursts(start: Callable[[int], Awaitable[float]], seconds: float) -> list[float]:
+    """`BURST` starts at once every `BURST_EVERY_S`, for `seconds`: each start's time (`start(index)`),
+    sorted."""
+    latencies: list[float] = []
+    deadline, index = time.perf_counter() + seconds, 0
+    while time.perf_counter() < deadline:
+        burst_start = time.perf_counter()
+        latencies += await asyncio.gather(*(start(index + i) for i in range(BURST)))
+        index += BURST
+        await asyncio.sleep(max(0.0, burst_start + BURST_EVERY_S - time.perf_counter()))
+    return sorted(latencies)
 
 
 async def _drain(call: Any) -> None:

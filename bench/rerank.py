@@ -24,7 +24,7 @@ from tritonclient.grpc.aio import InferenceServerClient
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import bench_main, compare, private_stack
+from bench.common import Requests, bench_main, compare, private_stack
 from services.common.triton import make_input
 from tritongate.settings import default_models_dir
 
@@ -69,7 +69,8 @@ async def run(seconds: float) -> dict[str, Any]:
                 await r.read()
 
         results = [
-            await compare(size, concurrency, document, direct, edge, seconds, warmup=3, model=MODEL)
+            await compare(Requests(size, document), concurrency, {"direct_triton": direct, "edge": edge}, seconds,
+                          warmup=3, model=MODEL)
             for size, concurrency in WORKLOADS
         ]
         await http.close()

@@ -47,7 +47,8 @@ from tritonclient.grpc.aio import InferenceServerClient
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import CpuMeter, Load, bench_main, load_processes, percentile_ms, private_stack, ratio
+from bench.common import CpuMeter, bench_main, percentile_ms, private_stack, ratio
+from bench.load import Load, LoadTarget, load_processes
 from services.common.triton import make_input
 from tritongate.settings import default_models_dir
 
@@ -235,20 +236,38 @@ def http_session(edge_url: str, connections: int) -> aiohttp.ClientSession:
                                  timeout=aiohttp.ClientTimeout(total=None))
 
 
-async def share(ready: Callable[[], None], grpc_url: str, edge_url: str, tokenizer_path: str, model: str,
-                max_tokens: int, path: str, concurrency: int, seconds: float) -> tuple[int, list[float]]:
-    """A load process's share of a point (bench.common.Load): its own clients, a warm-up, the window."""
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
-    triton, http = InferenceServerClient(grpc_url), http_session(edge_url, max(concurrency, 1))
+class Clients:
+    """One process's clients of both paths, and the tokenizer that counts the tokens."""
+
+    def __init__(self, target: LoadTarget, connections: int) -> None:
+        self.target = target
+        self.tokenizer = AutoTokenizer.from_pretrained(target.tokenizer_path)
+        self.triton = InferenceServerClient(target.grpc_url)
+        self.http = http_session(target.edge_url, connections)
+
+    def stream(self, path: str, model: str, max_tokens: int) -> Stream:
+        """A request on `path`: "direct_triton", "edge", or "edge_interval" (the model's entry with the
+        run's `--stream-interval-ms`)."""
+        if path == "direct_triton":
+            return direct_stream(self.triton, self.tokenizer, model, max_tokens)
+        return edge_stream(self.http, self.tokenizer, model, max_tokens, interval=path == "edge_interval")
+
+    async def close(self) -> None:
+        await self.http.close()
+        await self.triton.close()
+
+
+async def share(ready: Callable[[], None], target: LoadTarget, model: str, max_tokens: int, path: str,
+                concurrency: int, seconds: float) -> tuple[int, list[float]]:
+    """A load process's share of a point (bench.load.Load): its own clients, a warm-up, the window."""
+    clients = Clients(target, max(concurrency, 1))
     try:
-        stream = direct_stream(triton, tokenizer, model, max_tokens) if path == "direct_triton" else \
-            edge_stream(http, tokenizer, model, max_tokens, interval=path == "edge_interval")
+        stream = clients.stream(path, model, max_tokens)
         await measure(stream, 1, 1.0)  # warm up
         ready()
         return await stream_load(stream, concurrency, seconds)
     finally:
-        await http.close()
-        await triton.close()
+        await clients.close()
 
 
 def streams(text: str) -> list[int]:
@@ -284,6 +303,37 @@ def arguments(parser: argparse.ArgumentParser) -> None:
                         "`stream_interval_ms` (its own row fields: `edge_interval`, `interval_*`)")
 
 
+async def measure_path(clients: Clients, path: str, model: str, max_tokens: int, concurrency: int,
+                       seconds: float) -> tuple[dict[str, Any], dict[str, float]]:
+    """One path of a point, from this process or the load processes: its summary, and the gateway's CPU
+    per token."""
+    meter = CpuMeter()
+    processes = load_processes()
+    if processes:
+        load = Load(share, (clients.target, model, max_tokens))
+        shares = await processes.run(load, path, concurrency, seconds, meter.start)
+        result = summary(sum(tokens for tokens, _ in shares), [ttft for _, ttfts in shares for ttft in ttfts],
+                         seconds)
+    else:
+        stream = clients.stream(path, model, max_tokens)
+        await measure(stream, 1, 1.0)  # warm up
+        meter.start()
+        result = await measure(stream, concurrency, seconds)
+    await asyncio.sleep(1.0)  # a pause between points (the requests still running finish)
+    return result, meter.per(int(result["tokens_per_s"] * seconds))
+
+
+def add_ratios(row: dict[str, Any], cpu: dict[str, dict[str, float]]) -> None:
+    """Each edge path's CPU per token, and its tokens/s and time to first token against the direct path's."""
+    for name, prefix in (("edge", ""), ("edge_interval", "interval_")):
+        if name not in row:
+            continue
+        row[f"{prefix}cpu_us_per_token"] = cpu[name]
+        row[f"{prefix}tokens_per_s_ratio"] = ratio(row[name]["tokens_per_s"], row["direct_triton"]["tokens_per_s"])
+        if row[name]["ttft_p50_ms"] is not None and row["direct_triton"]["ttft_p50_ms"] is not None:
+            row[f"{prefix}added_ttft_p50_ms"] = round(row[name]["ttft_p50_ms"] - row["direct_triton"]["ttft_p50_ms"], 2)
+
+
 async def run(seconds: float, echo_models: list[str], echo_streams: list[int], llm_streams: list[int],
               llm_max_tokens: int, stream_interval_ms: float | None) -> dict[str, Any]:
     points = [*((echo, n) for echo in echo_models for n in echo_streams), *((SMOLLM2, n) for n in llm_streams)]
@@ -298,45 +348,22 @@ async def run(seconds: float, echo_models: list[str], echo_streams: list[int], l
                      "stream_interval_ms": stream_interval_ms} for name in models]
     with private_stack({"llm": entries}, models, (ROOT / "tests" / "triton_models",)) as stack:
         assert stack.triton is not None
-        tokenizer = AutoTokenizer.from_pretrained(smollm2)
-        triton = InferenceServerClient(stack.triton.grpc_url)
-        http = http_session(stack.edge_url, max([128, *(n for _, n in points)]))
-        processes = load_processes()
+        clients = Clients(LoadTarget(stack.triton.grpc_url, stack.edge_url, smollm2),
+                          max([128, *(n for _, n in points)]))
         results = []
         for model, concurrency in points:
             row: dict[str, Any] = {"model": model, "streams": concurrency, "max_tokens": max_tokens[model]}
             cpu: dict[str, dict[str, float]] = {}  # the gateway's, per path
             for name in paths:
-                stream = direct_stream(triton, tokenizer, model, max_tokens[model]) if name == "direct_triton" else \
-                    edge_stream(http, tokenizer, model, max_tokens[model], interval=name == "edge_interval")
-                meter = CpuMeter()
-                if processes:
-                    load = Load(share, (stack.triton.grpc_url, stack.edge_url, smollm2, model, max_tokens[model]))
-                    shares = await processes.run(load, name, concurrency, seconds, meter.start)
-                    row[name] = summary(sum(tokens for tokens, _ in shares),
-                                        [ttft for _, ttfts in shares for ttft in ttfts], seconds)
-                else:
-                    await measure(stream, 1, 1.0)  # warm up
-                    meter.start()
-                    row[name] = await measure(stream, concurrency, seconds)
-                await asyncio.sleep(1.0)  # a pause between points (the requests still running finish)
-                cpu[name] = meter.per(int(row[name]["tokens_per_s"] * seconds))
-            for name, prefix in (("edge", ""), ("edge_interval", "interval_")):
-                if name not in row:
-                    continue
-                row[f"{prefix}cpu_us_per_token"] = cpu[name]
-                row[f"{prefix}tokens_per_s_ratio"] = ratio(row[name]["tokens_per_s"],
-                                                           row["direct_triton"]["tokens_per_s"])
-                if row[name]["ttft_p50_ms"] is not None and row["direct_triton"]["ttft_p50_ms"] is not None:
-                    row[f"{prefix}added_ttft_p50_ms"] = round(
-                        row[name]["ttft_p50_ms"] - row["direct_triton"]["ttft_p50_ms"], 2)
+                row[name], cpu[name] = await measure_path(clients, name, model, max_tokens[model], concurrency,
+                                                          seconds)
+            add_ratios(row, cpu)
             if stream_interval_ms is not None:
                 row["stream_interval_ms"] = stream_interval_ms
             print(json.dumps(row), file=sys.stderr, flush=True)
             results.append(row)
-        await http.close()
-        await triton.close()
-    return {"benchmark": "streaming", "prompt_tokens": len(tokenizer.encode(PROMPT, add_special_tokens=False)),
+        await clients.close()
+    return {"benchmark": "streaming", "prompt_tokens": len(clients.tokenizer.encode(PROMPT, add_special_tokens=False)),
             "seconds_per_point": seconds, "results": results}
 
 

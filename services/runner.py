@@ -10,7 +10,7 @@ import importlib
 import logging
 
 from services.common.metrics import serve_metrics
-from services.common.server import ServiceSpec, run_until_signalled, start_service
+from services.common.server import ServerOptions, ServiceSpec, run_until_signalled, start_service
 from services.common.tokenizer import keep_torch_out
 from services.common.triton import Triton
 from tritongate.config import ConfigError, ModelConfig, load_model_config
@@ -41,14 +41,13 @@ async def run_service(name: ServiceInfo | str, settings: Settings) -> None:
     if settings.metrics_port:
         serve_metrics(settings.service_host, settings.metrics_port)
         log.info("metrics on http://%s:%d/metrics", settings.service_host, settings.metrics_port)
-    running = await start_service(
-        spec, triton,
-        host=settings.service_host,
-        port=settings.port(service),
+    options = ServerOptions(
+        credentials=credentials,
         max_connection_age_ms=settings.max_connection_age_ms,
         # An aged connection keeps its streams until they end; none outlasts the edge's request deadline.
         grace_s=max(settings.shutdown_grace_s, settings.request_timeout_s),
-        credentials=credentials,
         max_in_flight=settings.max_in_flight,
     )
+    running = await start_service(spec, triton, host=settings.service_host, port=settings.port(service),
+                                  options=options)
     await run_until_signalled(running, settings.shutdown_grace_s)

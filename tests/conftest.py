@@ -25,7 +25,7 @@ from tests.support.redis_server import RedisServer
 from tests.support.stack import DEMO_LLM, TEST_REPOSITORIES, metrics_ports, stack_settings, write_model_config
 from tests.support.stubs import dead, python_stubs
 from tritongate.settings import default_cache_dir, default_models_dir
-from tritongate.triton_local import TritonProcess, start_triton
+from tritongate.triton_local import TritonLaunch, TritonProcess, start_triton
 
 if TYPE_CHECKING:  # imported where used: the unit tests need neither client
     import httpx
@@ -83,8 +83,9 @@ def triton(models_dir: Path, events_file: Path, tmp_path_factory: pytest.TempPat
     logs = tmp_path_factory.mktemp("triton")
 
     def start(log_name: str) -> TritonProcess:
-        return start_triton(repositories=list(TEST_REPOSITORIES), models_dir=models_dir, cache_dir=default_cache_dir(),
-                            log_path=logs / log_name, extra_env={EVENTS_ENV: str(events_file)}, **ports)
+        return start_triton(TritonLaunch(repositories=list(TEST_REPOSITORIES), models_dir=models_dir,
+                                         cache_dir=default_cache_dir(), log_path=logs / log_name,
+                                         extra_env={EVENTS_ENV: str(events_file)}, **ports))
 
     process = start("tritonserver.log")
     fate: dict[str, Any] = {"process": process, "exit": None, "size": 0, "stubs": {}, "dead_stubs": [],

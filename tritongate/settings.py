@@ -148,7 +148,7 @@ class Settings(BaseSettings):
     shutdown_grace_s: float = 30.0
     triton_timeout_s: float = 60.0
     # How often the services look up again the DNS names of their models' Triton addresses (`dns:///host:port`),
-    # so that Triton pods that come and go are found (services/common/endpoints.py).
+    # so that Triton pods that come and go are found (services/common/triton_pool.py).
     triton_dns_refresh_s: float = Field(5.0, gt=0)
     # Inference RPCs one service process works on at once; more are refused (RESOURCE_EXHAUSTED → 429).
     max_in_flight: int = Field(256, gt=0)

@@ -21,8 +21,8 @@ import sysconfig
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tritongate import procs
@@ -161,20 +161,10 @@ class TritonProcess:
             with contextlib.suppress(OSError):
                 region.unlink()
 
-def start_triton(
-    *,
-    repositories: Sequence[Path],
-    models_dir: Path,
-    cache_dir: Path,
-    http_port: int,
-    grpc_port: int,
-    metrics_port: int,
-    log_path: Path | None = None,
-    extra_env: dict[str, str] | None = None,
-    exit_timeout_s: int = 5,
-    load_models: Sequence[str] | None = None,
-) -> TritonProcess:
-    """Start tritonserver in its own process group (so its stubs go with it); does not wait.
+
+@dataclass(frozen=True)
+class TritonLaunch:
+    """What `start_triton` starts: tritonserver serving the model `repositories` on three ports.
 
     `exit_timeout_s` bounds how long Triton waits on SIGTERM for models to unload. The Python backend
     now and then keeps a decoupled model "live" after every request has ended, and Triton then waits
@@ -182,30 +172,59 @@ def start_triton(
 
     `load_models`: load only these models of the repositories (Triton's explicit model control);
     None loads every model in them."""
-    server = prepare_server(cache_dir)
-    for repo in repositories:
+
+    repositories: Sequence[Path]
+    models_dir: Path  # the demo models' weights (TRITONGATE_MODELS_DIR)
+    cache_dir: Path  # the server's copy (prepare_server) and, by default, its log
+    http_port: int
+    grpc_port: int
+    metrics_port: int
+    log_path: Path | None = None  # default: cache_dir/logs/tritonserver-<grpc port>.log
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+    exit_timeout_s: int = 5
+    load_models: Sequence[str] | None = None
+
+    @classmethod
+    def from_settings(cls, settings: Settings, extra_repositories: Sequence[Path] = (),
+                      load_models: Sequence[str] | None = None) -> TritonLaunch:
+        """The Triton the settings describe: their repositories (then `extra_repositories`), folders and
+        ports."""
+        return cls(repositories=[*settings.triton_model_repository, *extra_repositories],
+                   models_dir=settings.models_dir, cache_dir=settings.cache_dir,
+                   http_port=settings.triton_http_port, grpc_port=settings.triton_grpc_port,
+                   metrics_port=settings.triton_metrics_port, load_models=load_models)
+
+    def command(self, server: Path) -> list[str]:
+        """The command line of `server` (prepare_server's folder)."""
+        args = [
+            str(server / "bin" / "tritonserver"),
+            *(f"--model-repository={repo}" for repo in self.repositories),
+            f"--backend-directory={server / 'backends'}",
+            f"--cache-directory={server / 'caches'}",
+            f"--http-port={self.http_port}",
+            f"--grpc-port={self.grpc_port}",
+            f"--metrics-port={self.metrics_port}",
+            "--allow-metrics=true",
+            f"--exit-timeout-secs={self.exit_timeout_s}",
+        ]
+        if self.load_models is not None:
+            args += ["--model-control-mode=explicit", *(f"--load-model={name}" for name in self.load_models)]
+        return args
+
+
+def start_triton(launch: TritonLaunch) -> TritonProcess:
+    """Start tritonserver in its own process group (so its stubs go with it); does not wait."""
+    server = prepare_server(launch.cache_dir)
+    for repo in launch.repositories:
         if not Path(repo).is_dir():
             raise TritonError(f"model repository {repo} does not exist")
-    args = [
-        str(server / "bin" / "tritonserver"),
-        *(f"--model-repository={repo}" for repo in repositories),
-        f"--backend-directory={server / 'backends'}",
-        f"--cache-directory={server / 'caches'}",
-        f"--http-port={http_port}",
-        f"--grpc-port={grpc_port}",
-        f"--metrics-port={metrics_port}",
-        "--allow-metrics=true",
-        f"--exit-timeout-secs={exit_timeout_s}",
-    ]
-    if load_models is not None:
-        args += ["--model-control-mode=explicit", *(f"--load-model={name}" for name in load_models)]
-    log_path = log_path or cache_dir / "logs" / f"tritonserver-{grpc_port}.log"
+    log_path = launch.log_path or launch.cache_dir / "logs" / f"tritonserver-{launch.grpc_port}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    env = server_env(models_dir) | (extra_env or {})
+    env = server_env(launch.models_dir) | dict(launch.extra_env)
     with open(log_path, "wb") as log_file:
-        process = subprocess.Popen(args, stdout=log_file, stderr=subprocess.STDOUT, env=env,
+        process = subprocess.Popen(launch.command(server), stdout=log_file, stderr=subprocess.STDOUT, env=env,
                                    start_new_session=True)
-    return TritonProcess(process, http_port, grpc_port, log_path)
+    return TritonProcess(process, launch.http_port, launch.grpc_port, log_path)
 
 
 def stop_on_signals() -> Callable[[], bool]:
@@ -224,16 +243,9 @@ def stop_on_signals() -> Callable[[], bool]:
 def run_triton_foreground(settings: Settings, extra_repositories: Sequence[Path] = (),
                           load_models: Sequence[str] | None = None) -> None:
     """`tritongate triton`: start, wait for the models, run until Ctrl-C or SIGTERM."""
-    triton = start_triton(
-        repositories=[*settings.triton_model_repository, *extra_repositories],
-        load_models=load_models,
-        models_dir=settings.models_dir,
-        cache_dir=settings.cache_dir,
-        http_port=settings.triton_http_port,
-        grpc_port=settings.triton_grpc_port,
-        metrics_port=settings.triton_metrics_port,
-        exit_timeout_s=30,  # Triton's default: on its own, clients may still have requests in flight
-    )
+    launch = TritonLaunch.from_settings(settings, extra_repositories, load_models)
+    # Triton's default exit timeout: on its own, clients may still have requests in flight.
+    triton = start_triton(replace(launch, exit_timeout_s=30))
     stop_requested = stop_on_signals()
     try:
         print(f"starting Triton (log: {triton.log_path})", flush=True)

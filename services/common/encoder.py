@@ -149,7 +149,7 @@ class EncoderModel(ServedModel):
     async def refresh(self) -> bool:
         ready = await super().refresh()
         # Each Triton call runs on one instance of one endpoint: the batcher spreads rows over them all.
-        self.batcher.instances = self.instances * max(1, len(self.endpoints.ready()))
+        self.batcher.instances = self.instances * max(1, len(self.triton_pool.ready()))
         return ready
 
     def configured_output(self) -> str | None:
@@ -203,7 +203,7 @@ class EncoderModel(ServedModel):
     async def _infer(self, rows: list[Row]) -> np.ndarray:
         """One Triton call for rows of possibly many requests, post-processed to one row per input."""
         tensors, mask = self._tensors(rows)
-        result = await self.triton.infer(self.endpoints, self.triton_name, tensors, [self.output_name],
+        result = await self.triton.infer(self.triton_pool, self.triton_name, tensors, [self.output_name],
                                          request_id=REQUEST_ID.get())  # the batch's ids (see Batcher)
         return self.post(result[self.output_name], mask)
 

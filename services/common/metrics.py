@@ -44,7 +44,7 @@ TRITON_LATENCY = Histogram("tritongate_triton_request_duration_seconds",
                            "Time of one Triton call (a whole stream for generation), by Triton model and outcome "
                            "(a gRPC status code name).", ("model", "outcome"),
                            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 60, 300))
-# Per Triton endpoint of a model (services/common/endpoints.py), by model id and endpoint address.
+# Per Triton endpoint of a model (services/common/triton_pool.py), by model id and endpoint address.
 _ENDPOINT = ("model", "endpoint")
 ENDPOINT_CALLS = Counter("tritongate_triton_endpoint_calls_total",
                          "Triton calls sent to each endpoint of a model (a retry counts again).", _ENDPOINT)

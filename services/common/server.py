@@ -18,11 +18,11 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from services.common.admission import Admission, AdmissionInterceptor
-from services.common.endpoints import Endpoints
 from services.common.errors import ServiceError, invalid_argument, model_not_found, rpc
 from services.common.metrics import MetricsInterceptor, handled_by_code, in_flight
 from services.common.tokenize import TokenizerServicer
 from services.common.triton import Triton
+from services.common.triton_pool import TritonPool
 from tritongate.common.v1 import common_pb2, tokenizer_pb2, tokenizer_pb2_grpc
 from tritongate.config import TritonModelEntry
 from tritongate.llm.v1 import llm_pb2
@@ -50,7 +50,7 @@ class ServedModel:
         self.entry = entry
         self.name = entry.name
         self.triton = triton
-        self.endpoints = Endpoints(entry.triton_addresses, entry.name, triton.resolve_every_s)
+        self.triton_pool = TritonPool(entry.triton_addresses, entry.name, triton.resolve_every_s)
         self.triton_name = entry.triton_name
         self.created = int(time.time())
         self.why_not_ready: str | None = "not checked yet"  # None: ready
@@ -71,23 +71,23 @@ class ServedModel:
     async def refresh(self) -> bool:
         """Follow the Triton model's readiness on each endpoint: ready while one endpoint has it ready. Read
         its configuration (from a ready endpoint) each time it becomes ready."""
-        why_not = await self.endpoints.refresh(lambda address: self.triton.why_not_ready(address, self.triton_name))
+        why_not = await self.triton_pool.refresh(lambda address: self.triton.why_not_ready(address, self.triton_name))
         ready = why_not is None
         if ready and not self.ready:
-            address = self.endpoints.ready()[0].address
+            address = self.triton_pool.ready()[0].address
             self.on_ready(await self.triton.model_config(address, self.triton_name))
             log.info("model %s ready (Triton model %s at %s)", self.name, self.triton_name,
-                     ",".join(endpoint.address for endpoint in self.endpoints.ready()))
+                     ",".join(endpoint.address for endpoint in self.triton_pool.ready()))
         elif self.ready and not ready:
-            log.warning("model %s is no longer ready in Triton at %s: %s", self.name, self.endpoints, why_not)
+            log.warning("model %s is no longer ready in Triton at %s: %s", self.name, self.triton_pool, why_not)
         self.why_not_ready = why_not
         return ready
 
     async def ensure_ready(self) -> None:
         """Before serving a request: UNAVAILABLE unless the Triton model is (or has just become) ready."""
         if not self.ready and not await self.refresh():
-            raise ServiceError(grpc.StatusCode.UNAVAILABLE,
-                               f"model `{self.name}` is not ready in Triton at {self.endpoints}: {self.why_not_ready}")
+            raise ServiceError(grpc.StatusCode.UNAVAILABLE, f"model `{self.name}` is not ready in Triton at "
+                               f"{self.triton_pool}: {self.why_not_ready}")
 
     def on_ready(self, triton_config: dict[str, Any]) -> None:
         """Read what the service needs from the Triton model configuration."""
@@ -134,19 +134,29 @@ class ModelSet(Generic[M]):
         return bool(results) and all(result is True for result in results)
 
 
-def server_options(max_connection_age_ms: int, grace_s: float) -> list[tuple[str, Any]]:
-    """Connections are closed after an age so that clients re-resolve DNS and spread over replicas
-    added later; the grace lets streams in flight finish first."""
-    return [
-        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-        ("grpc.max_connection_age_ms", max_connection_age_ms),
-        ("grpc.max_connection_age_grace_ms", int(grace_s * 1000)),
-        ("grpc.keepalive_time_ms", 20_000),
-        ("grpc.keepalive_timeout_ms", 10_000),
-        ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
-        ("grpc.keepalive_permit_without_calls", 1),
-    ]
+@dataclass(frozen=True)
+class ServerOptions:
+    """How a service's gRPC server treats its connections and calls (run_service takes them from the
+    settings)."""
+
+    credentials: grpc.ServerCredentials | None = None  # TLS when given
+    max_connection_age_ms: int = 30_000
+    grace_s: float = 30.0
+    max_in_flight: int = 256  # inference RPCs worked on at once; more are refused (RESOURCE_EXHAUSTED)
+
+    def grpc_options(self) -> list[tuple[str, Any]]:
+        """Connections are closed after an age so that clients re-resolve DNS and spread over replicas
+        added later; the grace lets streams in flight finish first."""
+        return [
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_connection_age_ms", self.max_connection_age_ms),
+            ("grpc.max_connection_age_grace_ms", int(self.grace_s * 1000)),
+            ("grpc.keepalive_time_ms", 20_000),
+            ("grpc.keepalive_timeout_ms", 10_000),
+            ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+            ("grpc.keepalive_permit_without_calls", 1),
+        ]
 
 
 class ListModelsServicer(Generic[M]):
@@ -220,25 +230,18 @@ async def _watch_readiness(models: ModelSet[Any], health_servicer: HealthService
         await triton.wait_unreachable(5.0 if ready else 1.0)
 
 
-async def start_service(
-    spec: ServiceSpec,
-    triton: Triton,
-    *,
-    host: str,
-    port: int,
-    max_connection_age_ms: int = 30_000,
-    grace_s: float = 30.0,
-    credentials: grpc.ServerCredentials | None = None,
-    max_in_flight: int = 256,
-) -> RunningService:
-    """Start serving on host:port (0 picks a free port), over TLS when `credentials` are given; health is
-    NOT_SERVING until Triton is ready."""
+async def start_service(spec: ServiceSpec, triton: Triton, *, host: str, port: int,
+                        options: ServerOptions | None = None) -> RunningService:
+    """Start serving on host:port (0 picks a free port), over TLS when the options have credentials; health
+    is NOT_SERVING until Triton is ready."""
+    options = options or ServerOptions()
+    credentials = options.credentials
     # Metrics first (outermost), so that refusals for overload are counted too.
     name = spec.grpc_service
-    admission = AdmissionInterceptor(max_in_flight, (name,))
+    admission = AdmissionInterceptor(options.max_in_flight, (name,))
     spec.servicer.admission = admission.admission
     interceptors = [MetricsInterceptor(), admission]
-    server = grpc.aio.server(interceptors=interceptors, options=server_options(max_connection_age_ms, grace_s))
+    server = grpc.aio.server(interceptors=interceptors, options=options.grpc_options())
     spec.add_to(server)
     tokenizer_pb2_grpc.add_TokenizerServiceServicer_to_server(TokenizerServicer(spec.models), server)
     health_servicer = HealthServicer()

@@ -1,6 +1,6 @@
 """Every call a service makes to Triton goes through here: clients per address, readiness, model
-configuration, unary and streaming inference spread over a model's Triton endpoints
-(services/common/endpoints.py), and one mapping of Triton failures to gRPC codes."""
+configuration, unary and streaming inference spread over a model's pool of Triton endpoints
+(services/common/triton_pool.py), and one mapping of Triton failures to gRPC codes."""
 
 from __future__ import annotations
 
@@ -23,9 +23,9 @@ from tritonclient.utils import (
     triton_to_np_dtype,
 )
 
-from services.common.endpoints import DEFAULT_RESOLVE_EVERY_S, Endpoint, Endpoints, ReadinessUnknown
 from services.common.errors import ServiceError
 from services.common.metrics import triton_call
+from services.common.triton_pool import DEFAULT_RESOLVE_EVERY_S, Endpoint, ReadinessUnknown, TritonPool
 from tritongate.wire import MAX_MESSAGE_BYTES
 
 log = logging.getLogger(__name__)
@@ -99,7 +99,7 @@ def outputs_of(result: InferResult, names: list[str]) -> dict[str, np.ndarray]:
 
 class Triton:
     """One aio client per Triton gRPC address, shared by all models of a service. Inference goes to the
-    endpoint of the model's `Endpoints` that `pick` chooses; an UNAVAILABLE answer takes that endpoint out
+    endpoint of the model's `TritonPool` that `pick` chooses; an UNAVAILABLE answer takes that endpoint out
     of the rotation, and is retried once on another ready endpoint where that is safe (a unary call; a
     stream before its first response)."""
 
@@ -111,18 +111,18 @@ class Triton:
         self.resolve_every_s = resolve_every_s  # how often the models' DNS names are looked up again
         self._unreachable = asyncio.Event()
 
-    def _failed(self, exc: InferenceServerException, endpoints: Endpoints, endpoint: Endpoint,
+    def _failed(self, exc: InferenceServerException, pool: TritonPool, endpoint: Endpoint,
                 model: str) -> ServiceError:
         """The error to raise. One that says Triton or the model is unavailable takes the endpoint out of
         the model's rotation and wakes `wait_unreachable` (the model's readiness is checked again at once)."""
         error = triton_error(exc, model)
         if error.code == grpc.StatusCode.UNAVAILABLE:
-            endpoints.found_unavailable(endpoint, exc.message() or str(exc))
+            pool.found_unavailable(endpoint, exc.message() or str(exc))
             self._unreachable.set()
         return error
 
-    def _pick(self, endpoints: Endpoints, model: str) -> Endpoint:
-        endpoint = endpoints.pick()
+    def _pick(self, pool: TritonPool, model: str) -> Endpoint:
+        endpoint = pool.pick()
         if endpoint is None:
             self._unreachable.set()
             raise ServiceError(grpc.StatusCode.UNAVAILABLE,
@@ -142,11 +142,11 @@ class Triton:
         return self._clients[address]
 
     @contextlib.contextmanager
-    def _calling(self, endpoints: Endpoints, endpoint: Endpoint) -> Iterator[InferenceServerClient]:
+    def _calling(self, pool: TritonPool, endpoint: Endpoint) -> Iterator[InferenceServerClient]:
         """The client for one call on `endpoint`, counted in flight there while the call lasts."""
         self._busy[endpoint.address] += 1
         try:
-            with endpoints.calling(endpoint):
+            with pool.calling(endpoint):
                 yield self.client(endpoint.address)
         finally:
             self._busy[endpoint.address] -= 1
@@ -187,10 +187,10 @@ class Triton:
         config: dict[str, Any] = response["config"]
         return config
 
-    def _retry_at(self, error: ServiceError, endpoints: Endpoints, endpoint: Endpoint, model: str) -> Endpoint:
+    def _retry_at(self, error: ServiceError, pool: TritonPool, endpoint: Endpoint, model: str) -> Endpoint:
         """Where to try again a call that failed with `error` at `endpoint`: another ready endpoint, when
         the error says Triton or the model was unavailable there; else `error` is raised."""
-        other = endpoints.pick(avoid=endpoint) if error.code == grpc.StatusCode.UNAVAILABLE else None
+        other = pool.pick(avoid=endpoint) if error.code == grpc.StatusCode.UNAVAILABLE else None
         if other is None:
             raise error
         log.info("Triton model %s unavailable at %s; trying %s", model, endpoint.address, other.address)
@@ -198,7 +198,7 @@ class Triton:
 
     async def infer(
         self,
-        endpoints: Endpoints,
+        pool: TritonPool,
         model: str,
         inputs: Mapping[str, np.ndarray],
         outputs: list[str],
@@ -212,25 +212,25 @@ class Triton:
         deadline = time.monotonic() + (timeout or self.timeout_s)
 
         async def infer_at(endpoint: Endpoint) -> InferResult:
-            with self._calling(endpoints, endpoint) as client:
+            with self._calling(pool, endpoint) as client:
                 try:
                     return await client.infer(
                         model, tensors, outputs=requested, client_timeout=max(0.0, deadline - time.monotonic()),
                         request_id=request_id)
                 except InferenceServerException as exc:
-                    raise self._failed(exc, endpoints, endpoint, model) from None
+                    raise self._failed(exc, pool, endpoint, model) from None
 
         with triton_call(model):
-            endpoint = self._pick(endpoints, model)
+            endpoint = self._pick(pool, model)
             try:
                 result = await infer_at(endpoint)
             except ServiceError as error:
-                result = await infer_at(self._retry_at(error, endpoints, endpoint, model))
+                result = await infer_at(self._retry_at(error, pool, endpoint, model))
         return {name: result.as_numpy(name) for name in outputs}
 
     async def stream(
         self,
-        endpoints: Endpoints,
+        pool: TritonPool,
         model: str,
         inputs: Mapping[str, np.ndarray],
         outputs: list[str],
@@ -246,11 +246,11 @@ class Triton:
 
         def stream_at(endpoint: Endpoint) -> contextlib.aclosing[AsyncGenerator[dict[str, np.ndarray], None]]:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            return contextlib.aclosing(self._stream_at(endpoints, endpoint, model, inputs, outputs, remaining,
+            return contextlib.aclosing(self._stream_at(pool, endpoint, model, inputs, outputs, remaining,
                                                        request_id))
 
         with triton_call(model):
-            endpoint = self._pick(endpoints, model)
+            endpoint = self._pick(pool, model)
             answered = False
             try:
                 async with stream_at(endpoint) as responses:
@@ -261,12 +261,12 @@ class Triton:
             except ServiceError as error:
                 if answered:
                     raise
-                endpoint = self._retry_at(error, endpoints, endpoint, model)
+                endpoint = self._retry_at(error, pool, endpoint, model)
             async with stream_at(endpoint) as responses:
                 async for response in responses:
                     yield response
 
-    async def _stream_at(self, endpoints: Endpoints, endpoint: Endpoint, model: str,
+    async def _stream_at(self, pool: TritonPool, endpoint: Endpoint, model: str,
                          inputs: Mapping[str, np.ndarray], outputs: list[str], timeout: float | None,
                          request_id: str) -> AsyncGenerator[dict[str, np.ndarray], None]:
         """The stream on one endpoint; Triton's failures as ServiceError."""
@@ -279,17 +279,17 @@ class Triton:
                 "request_id": request_id,
             }
 
-        with self._calling(endpoints, endpoint) as client:
+        with self._calling(pool, endpoint) as client:
             call = client.stream_infer(requests(), stream_timeout=timeout)
             try:
                 async for result, error in call:
                     if error is not None:
-                        raise self._failed(error, endpoints, endpoint, model)
+                        raise self._failed(error, pool, endpoint, model)
                     yield outputs_of(result, outputs)
             except InferenceServerException as exc:
-                raise self._failed(exc, endpoints, endpoint, model) from None
+                raise self._failed(exc, pool, endpoint, model) from None
             except grpc.aio.AioRpcError as exc:  # the stream's own failure (e.g. Triton unreachable) comes raw
-                raise self._failed(InferenceServerException(exc.details(), str(exc.code())), endpoints, endpoint,
+                raise self._failed(InferenceServerException(exc.details(), str(exc.code())), pool, endpoint,
                                    model) from None
             finally:
                 call.cancel()

@@ -19,9 +19,9 @@ from typing import Any, Literal
 
 import grpc
 
-from services.common.endpoints import Endpoints
 from services.common.errors import ServiceError
 from services.common.triton import Triton
+from services.common.triton_pool import TritonPool
 from services.llm.backends import Knob, LlmBackend, Sampling, Step
 from services.llm.fastertransformer import FasterTransformer
 from services.llm.tensorrt_llm import TensorRTLLM
@@ -62,7 +62,7 @@ def detect_backend(triton_config: Mapping[str, Any], model: str) -> BackendName:
                  f"{_INTERFACES}. Set `backend` in the model config if it is one of them (docs/backends.md).")
 
 
-def _adapter(name: BackendName, entry: LlmModel, triton: Triton, endpoints: Endpoints) -> LlmBackend:
+def _adapter(name: BackendName, entry: LlmModel, triton: Triton, endpoints: TritonPool) -> LlmBackend:
     model, constants = entry.triton_name, entry.triton_inputs
     makers: dict[BackendName, Callable[[], LlmBackend]] = {
         "fastertransformer": lambda: FasterTransformer(triton, endpoints, model, constants),
@@ -77,7 +77,7 @@ class ModelBackend:
     """The backend of one model: it forwards to the adapter chosen when the Triton model became ready, so
     that the model's `GenerationPolicy` can hold it from the start."""
 
-    def __init__(self, entry: LlmModel, triton: Triton, endpoints: Endpoints) -> None:
+    def __init__(self, entry: LlmModel, triton: Triton, endpoints: TritonPool) -> None:
         self.entry = entry
         self.triton = triton
         self.endpoints = endpoints  # the model's Triton endpoints, which its adapter streams from

@@ -26,9 +26,9 @@ import grpc
 import numpy as np
 from tritonclient.utils import triton_to_np_dtype
 
-from services.common.endpoints import Endpoints
 from services.common.errors import ServiceError
 from services.common.triton import Triton
+from services.common.triton_pool import TritonPool
 from services.llm.backends import Knob, Sampling, Step
 from services.llm.tensors import beam_tokens, encode_words, max_beam_width
 
@@ -62,7 +62,7 @@ class FasterTransformer:
     name = "fastertransformer"
     takes_text = False
 
-    def __init__(self, triton: Triton, endpoints: Endpoints, model: str,
+    def __init__(self, triton: Triton, endpoints: TritonPool, model: str,
                  constants: dict[str, float] | None = None) -> None:
         self.triton = triton
         self.endpoints = endpoints

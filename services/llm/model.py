@@ -73,7 +73,7 @@ class LanguageModel(ServedModel):
         super().__init__(entry, triton)
         self.tokenizer = load_tokenizer(entry.path, entry.name)
         self.template = load_chat_template(self.tokenizer, entry.chat_template, entry.name)
-        self.backend = ModelBackend(entry, triton, self.endpoints)
+        self.backend = ModelBackend(entry, triton, self.triton_pool)
         self.policy = GenerationPolicy.of(entry, info, self.tokenizer, self.backend)
         self.decoding = TokenDecoding.of(self.tokenizer)
         self.refusal: str | None = None  # why the Triton model cannot be served, while it cannot

@@ -32,8 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from services.common.endpoints import Endpoints
 from services.common.triton import Triton
+from services.common.triton_pool import TritonPool
 from services.llm.backends import Knob, Sampling, Step
 from services.llm.lora import TaskCache, has_lora_inputs
 from services.llm.tensors import ModelInterface, beam_tokens, encode_words, max_beam_width, refuse
@@ -75,7 +75,7 @@ class TensorRTLLM:
     name = "tensorrt_llm"
     takes_text = False
 
-    def __init__(self, triton: Triton, endpoints: Endpoints, model: str,
+    def __init__(self, triton: Triton, endpoints: TritonPool, model: str,
                  constants: Mapping[str, float] | None = None) -> None:
         self.triton = triton
         self.endpoints = endpoints

@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from services.common.endpoints import Endpoints
 from services.common.triton import Triton
+from services.common.triton_pool import TritonPool
 from services.llm.backends import Knob, Sampling, Step
 from services.llm.lora import TaskCache, has_lora_inputs
 from services.llm.tensorrt_llm import GUIDE_INPUTS, MIN_TOKENS, SEED, guide_values, sampling_values
@@ -58,7 +58,7 @@ class TensorRTLLMText:
     takes_text = True
     beam_widths = ()  # not offered: tritongate reads one `text_output` per response, not one per beam
 
-    def __init__(self, triton: Triton, endpoints: Endpoints, model: str, constants: Mapping[str, float] | None = None,
+    def __init__(self, triton: Triton, endpoints: TritonPool, model: str, constants: Mapping[str, float] | None = None,
                  accumulate_tokens: bool | None = None) -> None:
         self.triton = triton
         self.endpoints = endpoints

@@ -27,9 +27,9 @@ from typing import Any
 import grpc
 import numpy as np
 
-from services.common.endpoints import Endpoints
 from services.common.errors import ServiceError
 from services.common.triton import Triton
+from services.common.triton_pool import TritonPool
 from services.llm.backends import FinishReason, Knob, Sampling, Step
 from services.llm.tensors import CumulativeText, ModelInterface, int_value, refuse, text_value
 
@@ -106,7 +106,7 @@ class Vllm:
     takes_text = True
     beam_widths = ()  # vLLM's SamplingParams has had no beam search since 0.6.3 (it moved to a separate API)
 
-    def __init__(self, triton: Triton, endpoints: Endpoints, model: str, constants: Mapping[str, float] | None = None,
+    def __init__(self, triton: Triton, endpoints: TritonPool, model: str, constants: Mapping[str, float] | None = None,
                  lora_name: str | None = None) -> None:
         self.triton = triton
         self.endpoints = endpoints

@@ -32,7 +32,7 @@ from tests.support.stack import spawn as _spawn
 from tests.support.streams import parse_events
 from tritongate.registry import NAMES
 from tritongate.settings import DEPLOY_DIR, default_cache_dir
-from tritongate.triton_local import TritonProcess, start_triton
+from tritongate.triton_local import TritonLaunch, TritonProcess, start_triton
 
 CHAT = "ft-echo"
 SLOW = "ft-echo-slow"  # 50 ms per token
@@ -55,11 +55,11 @@ class Private:
     extra: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     def start_triton(self, http_port: int, grpc_port: int, metrics_port: int) -> TritonProcess:
-        self.triton = start_triton(
+        self.triton = start_triton(TritonLaunch(
             repositories=[self.repository], models_dir=self.stack.settings.models_dir, cache_dir=default_cache_dir(),
             http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
             log_path=self.logs / f"tritonserver-{time.monotonic_ns()}.log",
-            extra_env={"TRITONGATE_TEST_EVENTS": str(self.events)})
+            extra_env={"TRITONGATE_TEST_EVENTS": str(self.events)}))
         self.triton.wait_ready(300)
         return self.triton
 

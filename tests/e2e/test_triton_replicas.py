@@ -1,4 +1,4 @@
-"""One model on two real Tritons (services/common/endpoints.py), behind the real embed and llm services and
+"""One model on two real Tritons (services/common/triton_pool.py), behind the real embed and llm services and
 the edge: both Tritons take calls, a slow one takes fewer, a Triton killed under load costs no embedding
 request (its calls are tried again on the other) and ends the generation it was streaming with a clean
 error event, and a Triton started again on the same ports takes calls again. An address in the list where
@@ -31,7 +31,7 @@ from tests.support.ports import free_port, wait_until
 from tests.support.stack import TESTS, metrics_ports, stack_settings
 from tests.support.streams import Event, parse_events
 from tritongate.settings import default_cache_dir
-from tritongate.triton_local import TritonProcess, start_triton
+from tritongate.triton_local import TritonLaunch, TritonProcess, start_triton
 
 EMBED = "embed-echo"
 UNEVEN = "embed-uneven"
@@ -61,10 +61,10 @@ class Replicas:
             for model, folder in MODELS[name].items():
                 (repository / model).symlink_to(folder)
         http, grpc, metrics = ports
-        self.tritons[name] = start_triton(
+        self.tritons[name] = start_triton(TritonLaunch(
             repositories=[repository], models_dir=self.models_dir, cache_dir=default_cache_dir(),
             http_port=http, grpc_port=grpc, metrics_port=metrics,
-            log_path=self.root / f"tritonserver-{name}-{time.monotonic_ns()}.log")
+            log_path=self.root / f"tritonserver-{name}-{time.monotonic_ns()}.log"))
         return self.tritons[name]
 
     def served(self, name: str, model: str) -> int:

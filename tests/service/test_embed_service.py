@@ -13,7 +13,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from services.common.server import RunningService, start_service
+from services.common.server import RunningService, ServerOptions, start_service
 from services.common.triton import Triton
 from services.embed.main import build
 from tests.support.ports import free_port
@@ -148,7 +148,7 @@ async def test_a_batch_call_answers_each_request_as_its_own_call_would(service: 
 async def test_a_batch_call_takes_an_admission_slot_per_request(model_config_file: Path) -> None:
     triton = Triton()
     spec = build(load_model_config(model_config_file), triton)
-    server = await start_service(spec, triton, host="127.0.0.1", port=0, max_in_flight=2)
+    server = await start_service(spec, triton, host="127.0.0.1", port=0, options=ServerOptions(max_in_flight=2))
     try:
         await until_serving(server.port)
         request = embed_pb2.EmbedRequest(model="all-minilm-l6-v2", texts=embed_pb2.TextBatch(texts=["a"]))

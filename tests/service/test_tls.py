@@ -15,7 +15,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from edge.clients import open_channel
 from launcher.healthcheck import probe
-from services.common.server import LIVENESS, RunningService, start_service
+from services.common.server import LIVENESS, RunningService, ServerOptions, start_service
 from services.common.triton import Triton
 from services.embed.main import build
 from tritongate.common.v1 import common_pb2
@@ -54,7 +54,7 @@ async def service(model_config_file: Path, pki: Pki) -> AsyncIterator[RunningSer
     assert credentials is not None
     triton = Triton()
     spec = build(load_model_config(model_config_file), triton)
-    server = await start_service(spec, triton, host="127.0.0.1", port=0, credentials=credentials)
+    server = await start_service(spec, triton, host="127.0.0.1", port=0, options=ServerOptions(credentials))
     yield server
     await server.stop(1)
 

@@ -18,7 +18,7 @@ import pytest
 
 from tests.support.ports import free_port
 from tritongate.settings import default_cache_dir
-from tritongate.triton_local import start_triton
+from tritongate.triton_local import TritonLaunch, start_triton
 
 PROBE_CONFIG = """backend: "python"
 max_batch_size: 0
@@ -55,9 +55,9 @@ def test_the_stubs_run_in_this_interpreters_environment_not_the_first_python3_on
     (model / "config.pbtxt").write_text(PROBE_CONFIG % report)
     (model / "1" / "model.py").write_text(PROBE_MODEL)
 
-    triton = start_triton(repositories=[model.parent], models_dir=tmp_path, cache_dir=default_cache_dir(),
-                          http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
-                          log_path=tmp_path / "tritonserver.log")
+    triton = start_triton(TritonLaunch(repositories=[model.parent], models_dir=tmp_path, cache_dir=default_cache_dir(),
+                                       http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
+                                       log_path=tmp_path / "tritonserver.log"))
     try:
         triton.wait_ready(120)
     finally:

@@ -33,13 +33,14 @@ from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 from tritonclient.utils import deserialize_bytes_tensor, np_to_triton_dtype, serialize_byte_tensor, triton_to_np_dtype
 
 from edge.app import create_app
-from services.common.endpoints import Endpoints
 from services.common.server import RunningService, start_service
 from services.common.triton import Triton
+from services.common.triton_pool import TritonPool
 from services.runner import build_service
-from tritongate.config import ModelConfig, parse_model_config, parse_triton_address
+from tritongate.config import ModelConfig, parse_model_config
 from tritongate.registry import SERVICES
 from tritongate.settings import Settings
+from tritongate.triton_address import parse_triton_address
 
 TESTS = Path(__file__).resolve().parents[1]
 REPO = TESTS.parent
@@ -151,15 +152,15 @@ class FakeTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
         if self._server is not None:
             await self._server.stop(None)
 
-    async def endpoints(self, model: str) -> Endpoints:
-        """`model`'s endpoints (this Triton alone), checked ready, as a service's model holds them."""
-        endpoints = Endpoints([parse_triton_address(self.address)], model)
-        await endpoints.refresh(lambda address: self.client.why_not_ready(address, model))
-        return endpoints
+    async def pool(self, model: str) -> TritonPool:
+        """`model`'s pool of Triton endpoints (this Triton alone), checked ready, as a service's model holds it."""
+        pool = TritonPool([parse_triton_address(self.address)], model)
+        await pool.refresh(lambda address: self.client.why_not_ready(address, model))
+        return pool
 
-    async def calling(self, model: str) -> tuple[Triton, Endpoints]:
-        """What an LLM adapter takes to call `model` here: the Triton client and the model's endpoints."""
-        return self.client, await self.endpoints(model)
+    async def calling(self, model: str) -> tuple[Triton, TritonPool]:
+        """What an LLM adapter takes to call `model` here: the Triton client and the model's Triton pool."""
+        return self.client, await self.pool(model)
 
     async def _model(self, name: str, context: grpc.aio.ServicerContext) -> FakeModel:
         if name not in self.models:

@@ -14,7 +14,9 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from tritongate.demo_models.device import choose_device, choose_dtype, placement
-from tritongate.demo_models.llm_core import Batch, Owner, Sampling, Sequence
+from tritongate.demo_models.llm_batch import Batch
+from tritongate.demo_models.llm_core import Owner, Sequence
+from tritongate.demo_models.llm_sampling import Sampling
 from tritongate.settings import DEPLOY_DIR
 
 

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from tritongate.config import ConfigError, TritonAddress, parse_model_config
+from tritongate.config import ConfigError, parse_model_config
+from tritongate.triton_address import TritonAddress
 
 
 def entry(**fields: Any) -> Any:

@@ -9,9 +9,9 @@ import grpc
 import pytest
 from tritonclient.utils import InferenceServerException
 
-from services.common.endpoints import Endpoints
 from services.common.triton import ReadinessUnknown, Triton, triton_error
-from tritongate.config import TritonAddress
+from services.common.triton_pool import TritonPool
+from tritongate.triton_address import TritonAddress
 
 STUB_DOWN = "Failed to process the request(s) for model instance 'm_0_0', message: Stub process 'm_0_0' is not healthy."
 
@@ -40,19 +40,19 @@ def test_triton_failures_map_by_status_then_by_what_failed(status: str | None, m
 
 async def test_a_model_found_unavailable_is_not_ready_until_checked_again() -> None:
     triton = Triton()
-    endpoints = Endpoints([TritonAddress("127.0.0.1", 1)], "m")
-    [endpoint] = endpoints
+    pool = TritonPool([TritonAddress("127.0.0.1", 1)], "m")
+    [endpoint] = pool
     ready = mock.AsyncMock(return_value=None)  # Triton has the model ready
-    assert await endpoints.refresh(ready) is None
-    triton._failed(InferenceServerException("bad input", "StatusCode.INTERNAL"), endpoints, endpoint, "m")
+    assert await pool.refresh(ready) is None
+    triton._failed(InferenceServerException("bad input", "StatusCode.INTERNAL"), pool, endpoint, "m")
     assert endpoint.ready and not triton._unreachable.is_set()  # a failed request is not a failed model
-    triton._failed(InferenceServerException(STUB_DOWN, "StatusCode.INTERNAL"), endpoints, endpoint, "m")
+    triton._failed(InferenceServerException(STUB_DOWN, "StatusCode.INTERNAL"), pool, endpoint, "m")
     assert not endpoint.ready and triton._unreachable.is_set()  # the readiness watcher wakes at once
     ready.reset_mock()
-    assert await endpoints.refresh(ready) == "an inference found it unavailable"
+    assert await pool.refresh(ready) == "an inference found it unavailable"
     ready.assert_not_called()  # Triton may call the model ready while its crashed instance restarts
     # The next check asks Triton again (none there).
-    assert await endpoints.refresh(lambda address: triton.why_not_ready(address, "m")) == \
+    assert await pool.refresh(lambda address: triton.why_not_ready(address, "m")) == \
         "Triton did not answer (StatusCode.UNAVAILABLE)"
     await triton.close()
 

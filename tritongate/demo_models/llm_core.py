@@ -7,9 +7,10 @@ differ only in their interface; each `model.py` parses its request into a `Sampl
 ids, submits `Sequence`s to its `Engine` and writes the responses from an `Owner`'s callbacks.
 
 The engine owns the weights, the batching, the sampling, the stopping rules shared by the backends
-(end ids, stop words as token sequences, length) and the cancellation checks. Each Triton model instance
-is its own Python-backend stub process, so each instance loads the weights once (about 270 MB in
-bfloat16); nothing is shared between models or instances.
+(end ids, stop words as token sequences, length) and the cancellation checks; the running batch and its
+attention are in llm_batch.py, how a token is chosen (`Sampling`) in llm_sampling.py. Each Triton model
+instance is its own Python-backend stub process, so each instance loads the weights once (about 270 MB
+in bfloat16); nothing is shared between models or instances.
 
 Scheduling: one worker thread owns the model. A new sequence's prompt is prefilled on its own, in chunks
 of `prefill_chunk` tokens interleaved with decoding steps, then the sequence joins the running batch:
@@ -45,8 +46,11 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
+
+from tritongate.demo_models.llm_batch import Batch, row_attention
+from tritongate.demo_models.llm_sampling import Sampling, choose
 
 # The weights: the folder `tritongate models fetch` writes under $TRITONGATE_MODELS_DIR.
 MODEL_FOLDER = "smollm2-135m-instruct"
@@ -56,31 +60,6 @@ Log = Callable[[str], None]
 
 class RequestError(Exception):
     """A bad request: the model reports it to the client as an error response."""
-
-
-@dataclass
-class Sampling:
-    """How one sequence is generated; each model.py maps its backend's inputs onto it."""
-
-    max_new_tokens: int
-    greedy: bool = True
-    temperature: float = 1.0
-    top_k: int = 0  # 0: off
-    top_p: float = 1.0  # 1: off
-    min_p: float = 0.0  # 0: off
-    seed: int | None = 0  # None: a random seed
-    repetition_penalty: float = 1.0  # over the prompt and the generated tokens
-    presence_penalty: float = 0.0  # over the generated tokens
-    frequency_penalty: float = 0.0  # over the generated tokens
-    min_tokens: int = 0  # end ids are banned (and stop words not checked) before this many tokens
-    end_ids: tuple[int, ...] = ()  # a generated end id ends the sequence ("stop"); () never stops early
-    stop_words: list[list[int]] = field(default_factory=list)  # token sequences that end it ("stop")
-    bad_words: list[list[int]] = field(default_factory=list)  # token sequences never completed
-    bias: Any = None  # added to the logits: a float32 numpy array of the vocabulary's size
-    allowed_ids: list[int] | None = None  # only these tokens may be generated
-    logprobs: bool = False  # record each token's log-probability and rank (1 = the most likely)
-    top_logprobs: int = 0  # and this many most likely alternatives (needs logprobs)
-    grammar: Any = None  # a compiled guide (Engine.compile_guide) every token must fit; None: free text
 
 
 class Owner:
@@ -146,35 +125,52 @@ def model_path() -> str:
     return path
 
 
-def load_engine(name: str, parameters: dict[str, str], log: Log, args: dict[str, Any] | None = None) -> Engine:
-    """The engine for a model, from its config.pbtxt parameters (device, dtype, torch_threads,
-    max_active_requests, prefill_chunk_tokens) and Triton's `initialize` args (a KIND_GPU instance's GPU)."""
-    from tritongate.demo_models.device import placement
+@dataclass(frozen=True)
+class EngineOptions:
+    """Where an engine runs and how much it runs at once."""
 
-    device, dtype = placement(parameters, cpu_dtype="bfloat16", cuda_dtype="bfloat16", args=args)
-    return Engine(
-        model_path(), name=name, log=log, device=device, dtype=dtype,
-        torch_threads=int(parameters.get("torch_threads") or 1),
-        max_active=int(parameters.get("max_active_requests") or 8),
-        prefill_chunk=int(parameters.get("prefill_chunk_tokens") or 256),
-    )
+    device: Any = "cpu"  # a torch device or its name
+    dtype: Any = "bfloat16"  # a torch dtype or its name
+    torch_threads: int = 1
+    max_active: int = 8  # sequences generated together; more wait in a queue
+    prefill_chunk: int = 256  # prompt tokens prefilled at a time, between decoding steps
+
+    @classmethod
+    def from_parameters(cls, parameters: dict[str, str], args: dict[str, Any] | None = None) -> EngineOptions:
+        """From a model's config.pbtxt parameters (device, dtype, torch_threads, max_active_requests,
+        prefill_chunk_tokens) and Triton's `initialize` args (a KIND_GPU instance's GPU)."""
+        from tritongate.demo_models.device import placement
+
+        device, dtype = placement(parameters, cpu_dtype="bfloat16", cuda_dtype="bfloat16", args=args)
+        return cls(
+            device, dtype,
+            torch_threads=int(parameters.get("torch_threads") or 1),
+            max_active=int(parameters.get("max_active_requests") or 8),
+            prefill_chunk=int(parameters.get("prefill_chunk_tokens") or 256),
+        )
+
+
+def load_engine(name: str, parameters: dict[str, str], log: Log, args: dict[str, Any] | None = None) -> Engine:
+    """The engine for a model, from its config.pbtxt parameters and Triton's `initialize` args
+    (EngineOptions.from_parameters)."""
+    return Engine(model_path(), name=name, log=log, options=EngineOptions.from_parameters(parameters, args))
 
 
 class Engine:
     """The model and the worker thread that generates every submitted sequence."""
 
-    def __init__(self, path: str, *, name: str, log: Log, device: Any = "cpu", dtype: Any = "bfloat16",
-                 torch_threads: int = 1, max_active: int = 8, prefill_chunk: int = 256) -> None:
+    def __init__(self, path: str, *, name: str, log: Log, options: EngineOptions) -> None:
         import torch
         from transformers import AutoModelForCausalLM, DynamicCache
 
         self.name, self.log = name, log
         self.torch: Any = torch
         self.cache_class: Any = DynamicCache
-        self.torch_threads, self.max_active, self.prefill_chunk = torch_threads, max_active, prefill_chunk
-        torch.set_num_threads(torch_threads)
-        self.device = torch.device(device)
-        dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+        self.torch_threads, self.max_active, self.prefill_chunk = (options.torch_threads, options.max_active,
+                                                                   options.prefill_chunk)
+        torch.set_num_threads(self.torch_threads)
+        self.device = torch.device(options.device)
+        dtype = getattr(torch, options.dtype) if isinstance(options.dtype, str) else options.dtype
         started = time.monotonic()
         self.model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=dtype,
                                                                attn_implementation=row_attention()).eval()
@@ -296,7 +292,7 @@ class Engine:
     def _advance(self, seq: Sequence, logits: Any) -> bool:
         """Choose `seq`'s next token and hand it to its owner; True if the sequence ended."""
         s = seq.sampling
-        token = self._choose(logits, seq)
+        token = choose(self.torch, logits, seq)
         seq.tokens.append(token)
         seq.counts[token] += 1
         if seq.matcher is not None:
@@ -308,47 +304,6 @@ class Engine:
         elif seq.generated >= s.max_new_tokens:
             reason = "length"
         return seq.owner.on_token(seq, reason) is not None
-
-    def _choose(self, logits: Any, seq: Sequence) -> int:
-        """`logits` [vocab] are on the CPU, so every tensor made here is too."""
-        torch, s, tokens = self.torch, seq.sampling, seq.tokens
-        if s.bias is not None:
-            logits = logits + torch.from_numpy(s.bias)
-        if s.allowed_ids is not None:
-            allowed = torch.full_like(logits, float("-inf"))
-            allowed[torch.tensor(s.allowed_ids)] = 0.0
-            logits = logits + allowed
-        if s.repetition_penalty != 1.0:
-            seen = torch.tensor(sorted(set(tokens)))
-            scores = logits[seen]
-            logits[seen] = torch.where(scores < 0, scores * s.repetition_penalty, scores / s.repetition_penalty)
-        if seq.counts and (s.presence_penalty or s.frequency_penalty):
-            ids = torch.tensor(list(seq.counts))
-            counts = torch.tensor([float(n) for n in seq.counts.values()])
-            logits[ids] -= s.presence_penalty + s.frequency_penalty * counts
-        for word in s.bad_words:
-            prefix = word[:-1]
-            if word and 0 <= word[-1] < logits.shape[0] and tokens[len(tokens) - len(prefix):] == prefix:
-                logits[word[-1]] = float("-inf")
-        if seq.generated < s.min_tokens:
-            for end in s.end_ids:
-                if 0 <= end < logits.shape[0]:
-                    logits[end] = float("-inf")
-        if seq.matcher is not None:  # last: nothing after it may allow a token the grammar forbids
-            logits = seq.matcher.mask(logits)
-        if s.greedy:
-            token = int(torch.argmax(logits))
-        else:
-            logits = logits / s.temperature
-            token = _sample(torch, logits, s, seq.generator)
-        if s.logprobs:  # after penalties and temperature, before top-k/top-p/min-p
-            log_probs = torch.log_softmax(logits, dim=-1)
-            seq.logprobs.append(float(log_probs[token]))
-            seq.ranks.append(int((log_probs > log_probs[token]).sum()) + 1)
-            if s.top_logprobs:
-                values, ids = torch.topk(log_probs, s.top_logprobs)
-                seq.top.append([(int(i), float(v)) for i, v in zip(ids, values, strict=True)])
-        return token
 
     def _drop_aborted(self) -> None:
         self.prefilling = [seq for seq in self.prefilling if not self._aborted(seq)]
@@ -377,108 +332,6 @@ class Engine:
                 return seqs
             if seq is not None:
                 seqs.append(seq)
-
-
-ROW_ATTENTION = "tritongate_rows"
-
-
-def row_attention() -> str:
-    """Registers the attention the engine's model runs with, and returns its name: transformers'
-    SDPA attention, except in a decoding step of the batch (`row_starts` given), where each row attends
-    to its own keys and values from its first real position on, without a mask: the same call, on the
-    same numbers, as a sequence decoded alone."""
-    import torch
-    from transformers import AttentionInterface, AttentionMaskInterface
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-    from transformers.masking_utils import sdpa_mask
-
-    def attention(module: Any, query: Any, key: Any, value: Any, mask: Any, row_starts: list[int] | None = None,
-                  **kwargs: Any) -> tuple[Any, None]:
-        if row_starts is None:  # a prompt's prefill, always one sequence
-            return sdpa_attention_forward(module, query, key, value, mask, **kwargs)
-        rows = [sdpa_attention_forward(module, query[i:i + 1], key[i:i + 1, :, start:].contiguous(),
-                                       value[i:i + 1, :, start:].contiguous(), None, **kwargs)[0]
-                for i, start in enumerate(row_starts)]
-        return torch.cat(rows), None
-
-    AttentionInterface.register(ROW_ATTENTION, attention)
-    AttentionMaskInterface.register(ROW_ATTENTION, sdpa_mask)  # prefill: SDPA's causal mask
-    return ROW_ATTENTION
-
-
-class Batch:
-    """The active sequences and their KV cache, left-padded to a common length.
-
-    Row i holds `pads[i]` padding positions followed by its real keys and values; every decoding step
-    appends one position to every row, and each row's attention starts after its padding (`row_attention`).
-    """
-
-    def __init__(self, torch: Any, cache_class: Any, config: Any, device: Any = "cpu") -> None:
-        self.torch, self.cache_class, self.config, self.device = torch, cache_class, config, device
-        self.seqs: list[Sequence] = []
-        self.pads: list[int] = []
-        self.cache: Any = None
-
-    def add(self, seq: Sequence, cache: Any) -> None:
-        """Join `seq` with its own prefilled batch-1 cache."""
-        if not self.seqs:
-            self.seqs, self.pads, self.cache = [seq], [0], cache
-            return
-        old, new = self.cache.get_seq_length(), cache.get_seq_length()
-        width = max(old, new)
-        layers = []
-        for mine, theirs in zip(self.cache.layers, cache.layers, strict=True):
-            keys = self.torch.cat([self._pad(mine.keys, width - old), self._pad(theirs.keys, width - new)])
-            values = self.torch.cat([self._pad(mine.values, width - old), self._pad(theirs.values, width - new)])
-            layers.append((keys, values))
-        self.cache = self.cache_class(ddp_cache_data=layers, config=self.config)
-        self.pads = [p + width - old for p in self.pads] + [width - new]
-        self.seqs.append(seq)
-
-    def keep(self, rows: list[int]) -> None:
-        """Keep only `rows` (indices), dropping padding no remaining row needs."""
-        if len(rows) == len(self.seqs):
-            return
-        self.seqs = [self.seqs[i] for i in rows]
-        self.pads = [self.pads[i] for i in rows]
-        if not rows:
-            self.cache = None
-            return
-        index, trim = self.torch.tensor(rows, device=self.device), min(self.pads)
-        layers = [(layer.keys[index, :, trim:], layer.values[index, :, trim:]) for layer in self.cache.layers]
-        self.cache = self.cache_class(ddp_cache_data=layers, config=self.config)
-        self.pads = [p - trim for p in self.pads]
-
-    def step(self, model: Any) -> Any:
-        """One decoding step for every row; returns the last-position logits [rows, vocab] on the CPU."""
-        torch, length = self.torch, self.cache.get_seq_length()
-        input_ids = torch.tensor([[seq.tokens[-1]] for seq in self.seqs], device=self.device)
-        positions = torch.tensor([[length - pad] for pad in self.pads], device=self.device)
-        out = model(input_ids=input_ids, position_ids=positions, past_key_values=self.cache, use_cache=True,
-                    row_starts=self.pads)
-        return out.logits[:, -1].float().cpu()
-
-    def _pad(self, tensor: Any, n: int) -> Any:
-        if n == 0:
-            return tensor
-        shape = list(tensor.shape)
-        shape[-2] = n
-        return self.torch.cat([tensor.new_zeros(shape), tensor], dim=-2)
-
-
-def _sample(torch: Any, logits: Any, s: Sampling, generator: Any) -> int:
-    if 0 < s.top_k < logits.shape[0]:
-        kth = torch.topk(logits, s.top_k).values[-1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
-    if 0.0 < s.top_p < 1.0:
-        sorted_probs, order = torch.sort(probs, descending=True)
-        # keep the smallest prefix whose mass reaches top_p (always at least one token)
-        sorted_probs[(torch.cumsum(sorted_probs, dim=-1) - sorted_probs) >= s.top_p] = 0.0
-        probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
-    if s.min_p > 0.0:
-        probs = probs.masked_fill(probs < s.min_p * probs.max(), 0.0)
-    return int(torch.multinomial(probs, 1, generator=generator))
 
 
 def _ends_with_any(tokens: list[int], start: int, words: list[list[int]]) -> bool:

@@ -38,7 +38,8 @@ from typing import Any
 
 import numpy as np
 
-from tritongate.demo_models.llm_core import Owner, RequestError, Sampling, Sequence
+from tritongate.demo_models.llm_core import Owner, RequestError, Sequence
+from tritongate.demo_models.llm_sampling import Sampling
 
 Get = Callable[[str], Any]  # a request's input tensor by name, as numpy, or None
 

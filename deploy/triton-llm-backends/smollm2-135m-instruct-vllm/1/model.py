@@ -35,11 +35,13 @@ if _site:  # the Python-backend stub runs the base interpreter: the venv's packa
 """
 
 import json
+from dataclasses import dataclass
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from tritongate.demo_models.llm_core import Owner, Sampling, Sequence, load_engine
+from tritongate.demo_models.llm_core import Owner, Sequence, load_engine
+from tritongate.demo_models.llm_sampling import Sampling
 from tritongate.demo_models.llm_text import IncrementalDecoder, load_tokenizer
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -180,17 +182,33 @@ class Output:
         self.sent_text = self.sent_tokens = self.sent_logprobs = 0
 
 
+@dataclass
+class Inputs:
+    """What one request asks for, read from its input tensors."""
+
+    prompt: str
+    prompt_ids: list
+    params: Params
+    stream: bool
+    prepend: bool  # the prompt goes before the text (not streamed, unless exclude_input_in_output)
+    returns: dict  # each optional output's `return_*` input → whether it is sent
+    max_new: int  # most tokens each sequence may generate
+
+
 class Request(Owner):
     """One request: its n sequences and their responses."""
 
-    def __init__(self, model, request, prompt, prompt_ids, params, stream, prepend, returns, max_new):
+    def __init__(self, model, request, inputs):
         self.model, self.request, self.sender = model, request, request.get_response_sender()
         self.request_id = request.request_id()
-        self.prompt, self.params, self.stream, self.prepend, self.returns = prompt, params, stream, prepend, returns
+        params = inputs.params
+        self.prompt, self.params, self.stream, self.prepend, self.returns = (
+            inputs.prompt, params, inputs.stream, inputs.prepend, inputs.returns)
         self.outputs = [Output(IncrementalDecoder(model.tokenizer, params.skip_special_tokens))
                         for _ in range(params.n)]
-        logprobs = params.logprobs is not None or returns["return_cumulative_logprob"]
-        self.seqs = [Sequence(prompt_ids, params.sampling(model.engine, model.tokenizer, max_new, i, logprobs), self,
+        logprobs = params.logprobs is not None or self.returns["return_cumulative_logprob"]
+        self.seqs = [Sequence(inputs.prompt_ids,
+                              params.sampling(model.engine, model.tokenizer, inputs.max_new, i, logprobs), self,
                               index=i) for i in range(params.n)]
         self.stop_buffer = 0
         if params.stop and not params.include_stop_str_in_output:
@@ -367,7 +385,7 @@ class TritonPythonModel:
         if max_new < 1:
             raise ValueError(f"The decoder prompt (length {len(prompt_ids)}) is longer than the maximum model "
                              f"length of {self.engine.max_positions}.")
-        return Request(self, request, prompt, prompt_ids, params, stream, prepend, returns, max_new)
+        return Request(self, request, Inputs(prompt, prompt_ids, params, stream, prepend, returns, max_new))
 
 
 class LoraError(Exception):

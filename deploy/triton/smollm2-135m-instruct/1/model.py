@@ -35,7 +35,8 @@ import json
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from tritongate.demo_models.llm_core import Owner, RequestError, Sampling, Sequence, load_engine
+from tritongate.demo_models.llm_core import Owner, RequestError, Sequence, load_engine
+from tritongate.demo_models.llm_sampling import Sampling
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 

@@ -1,4 +1,4 @@
-"""A model's Triton endpoints (services/common/endpoints.py) and the calls spread over them
+"""A model's pool of Triton endpoints (services/common/triton_pool.py) and the calls spread over them
 (services/common/triton.py): picking by calls in flight, out on a failure or a readiness check that says
 no, back in when ready again, DNS names looked up again, retries on another endpoint. Triton's clients
 are scripted fakes here; tests/e2e/test_triton_replicas.py runs two real Tritons."""
@@ -18,18 +18,18 @@ from prometheus_client import REGISTRY
 from tritonclient.grpc import InferResult, service_pb2
 from tritonclient.utils import InferenceServerException
 
-from services.common.endpoints import Endpoints, ReadinessCheck, ReadinessUnknown, resolve
 from services.common.errors import ServiceError
 from services.common.triton import Triton
-from tritongate.config import TritonAddress, parse_triton_address
+from services.common.triton_pool import ReadinessCheck, ReadinessUnknown, TritonPool, resolve
+from tritongate.triton_address import TritonAddress, parse_triton_address
 
 A, B, C = "10.0.0.1:8001", "10.0.0.2:8001", "10.0.0.3:8001"
 NOT_READY = "Triton reports it not ready"
 model_ids = (f"model-{i}" for i in itertools.count())  # one per test: the metrics are the process's
 
 
-def group(*addresses: str) -> Endpoints:
-    return Endpoints([parse_triton_address(address) for address in addresses], next(model_ids))
+def pool_of(*addresses: str) -> TritonPool:
+    return TritonPool([parse_triton_address(address) for address in addresses], next(model_ids))
 
 
 def readiness(states: dict[str, str | Exception | None]) -> ReadinessCheck:
@@ -42,31 +42,31 @@ def readiness(states: dict[str, str | Exception | None]) -> ReadinessCheck:
     return check
 
 
-async def ready_group(*addresses: str) -> Endpoints:
-    endpoints = group(*addresses)
-    assert await endpoints.refresh(readiness(dict.fromkeys(addresses))) is None
-    return endpoints
+async def ready_pool(*addresses: str) -> TritonPool:
+    pool = pool_of(*addresses)
+    assert await pool.refresh(readiness(dict.fromkeys(addresses))) is None
+    return pool
 
 
-def sample(name: str, endpoints: Endpoints, address: str) -> float | None:
-    return REGISTRY.get_sample_value(name, {"model": endpoints.name, "endpoint": address})
+def sample(name: str, pool: TritonPool, address: str) -> float | None:
+    return REGISTRY.get_sample_value(name, {"model": pool.name, "endpoint": address})
 
 
 async def test_calls_go_to_the_endpoint_with_fewest_in_flight_and_equals_take_turns() -> None:
-    endpoints = await ready_group(A, B, C)
-    assert [endpoints.pick().address for _ in range(6)] == [A, B, C, A, B, C]  # type: ignore[union-attr]
-    a = endpoints.endpoints[A]
-    with endpoints.calling(a), endpoints.calling(a):
-        assert a.in_flight == 2 and sample("tritongate_triton_endpoint_in_flight", endpoints, A) == 2
-        assert [endpoints.pick().address for _ in range(4)] == [B, C, B, C]  # type: ignore[union-attr]
-    assert a.in_flight == 0 and sample("tritongate_triton_endpoint_in_flight", endpoints, A) == 0
-    assert sample("tritongate_triton_endpoint_calls_total", endpoints, A) == 2
-    assert endpoints.pick(avoid=endpoints.endpoints[A]).address != A  # type: ignore[union-attr]
+    pool = await ready_pool(A, B, C)
+    assert [pool.pick().address for _ in range(6)] == [A, B, C, A, B, C]  # type: ignore[union-attr]
+    a = pool.endpoints[A]
+    with pool.calling(a), pool.calling(a):
+        assert a.in_flight == 2 and sample("tritongate_triton_endpoint_in_flight", pool, A) == 2
+        assert [pool.pick().address for _ in range(4)] == [B, C, B, C]  # type: ignore[union-attr]
+    assert a.in_flight == 0 and sample("tritongate_triton_endpoint_in_flight", pool, A) == 0
+    assert sample("tritongate_triton_endpoint_calls_total", pool, A) == 2
+    assert pool.pick(avoid=pool.endpoints[A]).address != A  # type: ignore[union-attr]
 
 
 async def test_a_slow_endpoint_gets_fewer_calls() -> None:
     """Eight calls always in flight; a call takes 1 step on A and 10 on B (both have the model ready)."""
-    endpoints = await ready_group(A, B)
+    pool = await ready_pool(A, B)
     steps = {A: 1, B: 10}
     running: list[tuple[int, ExitStack]] = []  # (step it ends at, its in-flight count)
     picked = {A: 0, B: 0}
@@ -75,11 +75,11 @@ async def test_a_slow_endpoint_gets_fewer_calls() -> None:
             running.remove((ends, call))
             call.close()
         while len(running) < 8:
-            endpoint = endpoints.pick()
+            endpoint = pool.pick()
             assert endpoint is not None
             picked[endpoint.address] += 1
             call = ExitStack()
-            call.enter_context(endpoints.calling(endpoint))
+            call.enter_context(pool.calling(endpoint))
             running.append((now + steps[endpoint.address], call))
     # Equal calls in flight: each endpoint takes calls as fast as it ends them (round robin: half each).
     assert picked[B] * 5 < picked[A], picked
@@ -87,44 +87,44 @@ async def test_a_slow_endpoint_gets_fewer_calls() -> None:
 
 async def test_an_endpoint_is_taken_out_when_not_ready_and_put_back_when_ready(
         caplog: pytest.LogCaptureFixture) -> None:
-    endpoints = group(A, B)
+    pool = pool_of(A, B)
     states: dict[str, str | Exception | None] = {A: None, B: NOT_READY}
-    with caplog.at_level(logging.INFO, logger="services.common.endpoints"):
-        assert await endpoints.refresh(readiness(states)) is None  # the model is ready: one endpoint has it
-        assert [e.address for e in endpoints.ready()] == [A]
+    with caplog.at_level(logging.INFO, logger="services.common.triton_pool"):
+        assert await pool.refresh(readiness(states)) is None  # the model is ready: one endpoint has it
+        assert [e.address for e in pool.ready()] == [A]
         assert f"Triton endpoint {B} is not ready: {NOT_READY} (1 of 2 ready)" in caplog.text  # named once
-        assert await endpoints.refresh(readiness(states)) is None
+        assert await pool.refresh(readiness(states)) is None
         assert caplog.text.count(f"{B} is not ready") == 1
         states[B] = None
-        assert await endpoints.refresh(readiness(states)) is None
+        assert await pool.refresh(readiness(states)) is None
         assert f"Triton endpoint {B} is ready: in the rotation (2 of 2 ready)" in caplog.text
         states[A] = "Triton did not answer (StatusCode.UNAVAILABLE)"
-        assert await endpoints.refresh(readiness(states)) is None
+        assert await pool.refresh(readiness(states)) is None
     assert f"Triton endpoint {A} taken out of the rotation: Triton did not answer" in caplog.text
-    assert sample("tritongate_triton_endpoint_ejections_total", endpoints, A) == 1
-    assert sample("tritongate_triton_endpoint_ready", endpoints, A) == 0
-    assert sample("tritongate_triton_endpoint_ready", endpoints, B) == 1
-    assert all(endpoints.pick().address == B for _ in range(3))  # type: ignore[union-attr]
+    assert sample("tritongate_triton_endpoint_ejections_total", pool, A) == 1
+    assert sample("tritongate_triton_endpoint_ready", pool, A) == 0
+    assert sample("tritongate_triton_endpoint_ready", pool, B) == 1
+    assert all(pool.pick().address == B for _ in range(3))  # type: ignore[union-attr]
     states[B] = NOT_READY
-    assert await endpoints.refresh(readiness(states)) == (
+    assert await pool.refresh(readiness(states)) == (
         f"no endpoint is ready ({A}: Triton did not answer (StatusCode.UNAVAILABLE); {B}: {NOT_READY})")
-    assert endpoints.pick() is None
+    assert pool.pick() is None
 
 
 async def test_a_ready_endpoint_outlasts_two_unanswered_readiness_checks_not_three() -> None:
-    endpoints = await ready_group(A, B)
+    pool = await ready_pool(A, B)
     states: dict[str, str | Exception | None] = {A: ReadinessUnknown("no answer within 2 s"), B: None}
     for _ in range(2):
-        await endpoints.refresh(readiness(states))
-        assert endpoints.endpoints[A].ready  # a busy Triton answers late
-    await endpoints.refresh(readiness(states))
-    assert not endpoints.endpoints[A].ready
-    assert endpoints.endpoints[A].why_not == "Triton gave its readiness check no answer within 2 s (3 in a row)"
+        await pool.refresh(readiness(states))
+        assert pool.endpoints[A].ready  # a busy Triton answers late
+    await pool.refresh(readiness(states))
+    assert not pool.endpoints[A].ready
+    assert pool.endpoints[A].why_not == "Triton gave its readiness check no answer within 2 s (3 in a row)"
     states[A] = None
-    assert await endpoints.refresh(readiness(states)) is None and endpoints.endpoints[A].ready
+    assert await pool.refresh(readiness(states)) is None and pool.endpoints[A].ready
     states[A] = ReadinessUnknown("no answer within 2 s")  # the count starts again after an answer
-    await endpoints.refresh(readiness(states))
-    assert endpoints.endpoints[A].ready
+    await pool.refresh(readiness(states))
+    assert pool.endpoints[A].ready
 
 
 class Dns:
@@ -143,37 +143,37 @@ class Dns:
 
 async def test_a_dns_name_is_looked_up_again_and_its_endpoints_follow(caplog: pytest.LogCaptureFixture) -> None:
     dns = Dns([A, B])
-    endpoints = Endpoints([TritonAddress("triton", 8001, dns=True)], next(model_ids), resolve_every_s=0, resolver=dns)
+    pool = TritonPool([TritonAddress("triton", 8001, dns=True)], next(model_ids), resolve_every_s=0, resolver=dns)
     all_ready = readiness(dict.fromkeys([A, B, C]))
-    assert await endpoints.refresh(all_ready) is None
-    assert [e.address for e in endpoints.ready()] == [A, B]  # checked as soon as found
-    with endpoints.calling(endpoints.endpoints[A]):
+    assert await pool.refresh(all_ready) is None
+    assert [e.address for e in pool.ready()] == [A, B]  # checked as soon as found
+    with pool.calling(pool.endpoints[A]):
         dns.answer = [B, C]  # a pod went, another came
-        with caplog.at_level(logging.INFO, logger="services.common.endpoints"):
-            assert await endpoints.refresh(all_ready) is None
-        assert [e.address for e in endpoints.ready()] == [B, C]  # the new one checked at once
-        assert {endpoints.pick().address for _ in range(2)} == {B, C}  # type: ignore[union-attr]
+        with caplog.at_level(logging.INFO, logger="services.common.triton_pool"):
+            assert await pool.refresh(all_ready) is None
+        assert [e.address for e in pool.ready()] == [B, C]  # the new one checked at once
+        assert {pool.pick().address for _ in range(2)} == {B, C}  # type: ignore[union-attr]
     assert f"dns:///triton:8001 resolves to ['{B}', '{C}'] (was ['{A}', '{B}'])" in caplog.text
     assert f"Triton endpoint {A} left (1 in flight there)" in caplog.text
-    assert sample("tritongate_triton_endpoint_ready", endpoints, A) is None  # its series are gone
-    assert sample("tritongate_triton_endpoint_in_flight", endpoints, A) is None
+    assert sample("tritongate_triton_endpoint_ready", pool, A) is None  # its series are gone
+    assert sample("tritongate_triton_endpoint_in_flight", pool, A) is None
 
     dns.answer = OSError("Temporary failure in name resolution")
-    with caplog.at_level(logging.WARNING, logger="services.common.endpoints"):
-        assert await endpoints.refresh(all_ready) is None
-        assert await endpoints.refresh(all_ready) is None
-    assert [e.address for e in endpoints] == [B, C]  # the last answer is kept; readiness says if they still serve
+    with caplog.at_level(logging.WARNING, logger="services.common.triton_pool"):
+        assert await pool.refresh(all_ready) is None
+        assert await pool.refresh(all_ready) is None
+    assert [e.address for e in pool] == [B, C]  # the last answer is kept; readiness says if they still serve
     assert caplog.text.count("cannot resolve dns:///triton:8001: Temporary failure in name resolution") == 1
     dns.answer = []
-    assert await endpoints.refresh(all_ready) == "dns:///triton:8001 resolves to no address"
+    assert await pool.refresh(all_ready) == "dns:///triton:8001 resolves to no address"
 
 
 async def test_dns_names_are_looked_up_at_most_every_interval() -> None:
     dns = Dns(OSError("Name or service not known"))
-    endpoints = Endpoints([TritonAddress("nowhere", 8001, dns=True)], next(model_ids), resolve_every_s=60, resolver=dns)
-    why = await endpoints.refresh(readiness({}))
+    pool = TritonPool([TritonAddress("nowhere", 8001, dns=True)], next(model_ids), resolve_every_s=60, resolver=dns)
+    why = await pool.refresh(readiness({}))
     assert why == "dns:///nowhere:8001 resolves to no address (dns:///nowhere:8001: Name or service not known)"
-    await endpoints.refresh(readiness({}))
+    await pool.refresh(readiness({}))
     assert dns.lookups == 1
 
 
@@ -244,37 +244,37 @@ INPUTS = {"x": np.zeros((1, 1), dtype=np.float32)}
 
 
 async def test_an_inference_found_unavailable_is_retried_once_on_another_endpoint() -> None:
-    endpoints = await ready_group(A, B)
+    pool = await ready_pool(A, B)
     clients = {A: Client(UNAVAILABLE), B: Client(result(2.0))}
     triton = triton_with(clients)
-    output = await triton.infer(endpoints, "m", INPUTS, ["y"])
+    output = await triton.infer(pool, "m", INPUTS, ["y"])
     assert output["y"].tolist() == [2.0]
-    assert [e.address for e in endpoints.ready()] == [B]  # A is out until a readiness check finds it ready
+    assert [e.address for e in pool.ready()] == [B]  # A is out until a readiness check finds it ready
     assert triton._unreachable.is_set()  # which the readiness watcher does at once
-    assert {address: endpoint.in_flight for address, endpoint in endpoints.endpoints.items()} == {A: 0, B: 0}
-    assert sample("tritongate_triton_endpoint_calls_total", endpoints, A) == 1
-    await triton.infer(endpoints, "m", INPUTS, ["y"])
+    assert {address: endpoint.in_flight for address, endpoint in pool.endpoints.items()} == {A: 0, B: 0}
+    assert sample("tritongate_triton_endpoint_calls_total", pool, A) == 1
+    await triton.infer(pool, "m", INPUTS, ["y"])
     assert clients[A].calls == 1 and clients[B].calls == 2
 
 
 async def test_an_inference_fails_when_its_retry_fails_or_its_failure_is_not_unavailability() -> None:
-    endpoints = await ready_group(A, B)
+    pool = await ready_pool(A, B)
     triton = triton_with({A: Client(UNAVAILABLE), B: Client(UNAVAILABLE)})
     with pytest.raises(ServiceError) as info:
-        await triton.infer(endpoints, "m", INPUTS, ["y"])
-    assert info.value.code == grpc.StatusCode.UNAVAILABLE and not endpoints.ready()
+        await triton.infer(pool, "m", INPUTS, ["y"])
+    assert info.value.code == grpc.StatusCode.UNAVAILABLE and not pool.ready()
     with pytest.raises(ServiceError) as info:
-        await triton.infer(endpoints, "m", INPUTS, ["y"])
+        await triton.infer(pool, "m", INPUTS, ["y"])
     assert info.value.code == grpc.StatusCode.UNAVAILABLE
     assert info.value.message == "Triton model `m` is unavailable: no Triton endpoint has it ready"
 
-    endpoints = await ready_group(A, B)
+    pool = await ready_pool(A, B)
     broken = InferenceServerException("ZeroDivisionError: division by zero", "StatusCode.INTERNAL")
     clients = {A: Client(broken), B: Client(broken)}
     with pytest.raises(ServiceError) as info:
-        await triton_with(clients).infer(endpoints, "m", INPUTS, ["y"])
+        await triton_with(clients).infer(pool, "m", INPUTS, ["y"])
     assert info.value.code == grpc.StatusCode.INTERNAL  # the request's own failure: once, and no ejection
-    assert sum(client.calls for client in clients.values()) == 1 and len(endpoints.ready()) == 2
+    assert sum(client.calls for client in clients.values()) == 1 and len(pool.ready()) == 2
 
 
 def unavailable_stream() -> grpc.aio.AioRpcError:
@@ -287,39 +287,39 @@ async def collect(stream: AsyncIterator[dict[str, np.ndarray]]) -> list[float]:
 
 
 async def test_a_stream_is_retried_on_another_endpoint_only_before_its_first_response() -> None:
-    endpoints = await ready_group(A, B)
+    pool = await ready_pool(A, B)
     clients = {A: Client(stream=[unavailable_stream()]), B: Client(stream=[result(1.0), result(2.0)])}
-    assert await collect(triton_with(clients).stream(endpoints, "m", INPUTS, ["y"])) == [1.0, 2.0]
-    assert [e.address for e in endpoints.ready()] == [B]
+    assert await collect(triton_with(clients).stream(pool, "m", INPUTS, ["y"])) == [1.0, 2.0]
+    assert [e.address for e in pool.ready()] == [B]
 
-    endpoints = await ready_group(A, B)
+    pool = await ready_pool(A, B)
     clients = {A: Client(stream=[result(1.0), unavailable_stream()]), B: Client(stream=[result(9.0)])}
     received: list[float] = []
     with pytest.raises(ServiceError) as info:
-        async for response in triton_with(clients).stream(endpoints, "m", INPUTS, ["y"]):
+        async for response in triton_with(clients).stream(pool, "m", INPUTS, ["y"]):
             received.append(float(response["y"][0]))
     assert info.value.code == grpc.StatusCode.UNAVAILABLE
     assert received == [1.0] and clients[B].calls == 0  # what was sent cannot be taken back: no retry
-    assert endpoints.endpoints[A].in_flight == 0 and clients[A].stream.cancelled
+    assert pool.endpoints[A].in_flight == 0 and clients[A].stream.cancelled
 
 
 async def test_closing_a_stream_cancels_its_call_and_ends_its_count_in_flight() -> None:
-    endpoints = await ready_group(A)
+    pool = await ready_pool(A)
     client = Client(stream=[result(1.0), result(2.0)])
-    stream = triton_with({A: client}).stream(endpoints, "m", INPUTS, ["y"])
+    stream = triton_with({A: client}).stream(pool, "m", INPUTS, ["y"])
     assert float((await anext(stream))["y"][0]) == 1.0
-    assert endpoints.endpoints[A].in_flight == 1
+    assert pool.endpoints[A].in_flight == 1
     await stream.aclose()  # type: ignore[attr-defined]
-    assert client.stream.cancelled and endpoints.endpoints[A].in_flight == 0
+    assert client.stream.cancelled and pool.endpoints[A].in_flight == 0
 
 
 async def test_a_client_unused_for_a_minute_is_closed_unless_a_call_is_in_flight() -> None:
     """Every address a model has is checked every few seconds (the readiness watcher closes idle clients
     after each round): one unused that long has left its DNS name."""
-    endpoints = await ready_group(A, B)
+    pool = await ready_pool(A, B)
     clients = {A: Client(stream=[result(1.0), result(2.0)]), B: Client()}
     triton = triton_with(clients)
-    stream = triton.stream(endpoints, "m", INPUTS, ["y"])
+    stream = triton.stream(pool, "m", INPUTS, ["y"])
     await anext(stream)  # a generation in flight on A
     triton._used.update({A: 0.0, B: 0.0})  # long ago
     await triton.close_idle()

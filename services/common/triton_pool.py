@@ -1,6 +1,6 @@
-"""The Triton endpoints one model is served from, and which of them takes its next call.
+"""A model's pool of Triton endpoints: those it is served from, and which of them takes its next call.
 
-A model's Triton address names one endpoint or several (tritongate/config.py, `TritonAddress`): fixed
+A model's Triton address names one endpoint or several (tritongate/triton_address.py, `TritonAddress`): fixed
 `host:port`s, and DNS names (`dns:///host:port`) whose addresses are looked up again every few seconds,
 so that Triton pods behind a Kubernetes headless Service are found as they come and go. Each endpoint is
 in or out of the model's rotation:
@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from services.common.metrics import ENDPOINT_CALLS, ENDPOINT_EJECTIONS, ENDPOINT_IN_FLIGHT, ENDPOINT_READY
-from tritongate.config import TritonAddress
+from tritongate.triton_address import TritonAddress
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +69,8 @@ class Endpoint:
     gone: bool = False  # its DNS name no longer resolves to it
 
 
-class Endpoints:
-    """The endpoints of one model (`name`: the model id, in logs and metrics), from its Triton addresses."""
+class TritonPool:
+    """The Triton endpoints of one model (`name`: the model id, in logs and metrics), from its Triton addresses."""
 
     def __init__(self, addresses: Sequence[TritonAddress], name: str,
                  resolve_every_s: float = DEFAULT_RESOLVE_EVERY_S, resolver: Resolver = resolve) -> None:
