@@ -258,6 +258,20 @@ def _resolve(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
+async def _window(wait: float, ended: asyncio.Future[None]) -> None:
+    """The time a batch stays open after its first item: `JOIN_TURNS` turns of the loop once `wait` (what is
+    left of the least interval between batches) is over or a stream has ended; else as asyncio.sleep(wait),
+    cut short by a stream's end."""
+    if wait <= 0 or ended.done():
+        await _turns(JOIN_TURNS)
+        return
+    timer = asyncio.get_running_loop().call_later(wait, _resolve, ended)
+    try:
+        await ended
+    finally:
+        timer.cancel()
+
+
 async def merge(streams: Sequence[AsyncGenerator[T, None]], min_interval_s: float = MIN_INTERVAL_S
                 ) -> AsyncIterator[list[T]]:
     """Items of concurrent streams, in batches: everything that arrived while the consumer was busy, or
@@ -289,15 +303,7 @@ async def merge(streams: Sequence[AsyncGenerator[T, None]], min_interval_s: floa
         while running:
             batch, failure = [], None
             message = await queue.get()
-            wait = left + min_interval_s - loop.time()
-            if wait <= 0 or ended.done():
-                await _turns(JOIN_TURNS)
-            else:  # as asyncio.sleep(wait), cut short by a stream's end
-                timer = loop.call_later(wait, _resolve, ended)
-                try:
-                    await ended
-                finally:
-                    timer.cancel()
+            await _window(left + min_interval_s - loop.time(), ended)
             ended = loop.create_future()  # the ends queued so far are drained below
             while True:
                 if isinstance(message, BaseException):

@@ -1,5 +1,6 @@
-"""One LLM: prompts and chats → token ids (and text, for backends that tokenize themselves), generation on
-its Triton backend (the adapter `services/llm/detect.py` picks), steps → text deltas."""
+"""One LLM: prompts and chats → token ids (and text, for backends that tokenize themselves); a generation
+planned once (services/llm/plan.py), each of its completions run by a `Choice` (services/llm/choice.py) on
+the Triton backend the adapter `services/llm/detect.py` picks, and their deltas merged."""
 
 from __future__ import annotations
 
@@ -32,6 +33,8 @@ from tritongate.llm.v1 import llm_pb2
 from tritongate.registry import LLM
 
 log = logging.getLogger(__name__)
+
+
 class LanguageModel(ServedModel):
     kind = LLM.kind
     entry: LlmModel

@@ -58,7 +58,7 @@ class RequestPlan:
     base: Sampling  # what every choice samples with, but its token limit, seed and request id
     rules: CompletionRules
     limits: list[int]  # each prompt's max_new_tokens
-    seeds: list[int]  # completion j's of every prompt
+    seeds: list[int]  # the seed of each prompt's completion j
     calls: Callable[[], ToolCallParser] | None  # a choice's tool-call parser; None: the text is not parsed
     thinks: reasoning.ReasoningName | None  # the family whose parser takes each choice's thinking out
     guide_param: str  # the parameter the guide came from, named when a backend cannot compile it
@@ -102,11 +102,11 @@ class RequestPlan:
                                                text), n) if self.base.beam_width > 1 else None
             for j in range(n):
                 index = p * n + j
-                choice = for_choice(self.base, limit, self.seeds[j], self.request_id, index)
+                own = for_choice(self.base, limit, self.seeds[j], self.request_id, index)
                 completion = Completion(index, ids, self.rules, max_new=limit, echo=self.prompts.echoes[p])
                 parser = reasoning.make_parser(self.thinks, self.prompts.texts[p] or "") if self.thinks else None
-                choices.append(Choice(completion, choice,
-                                      search.choice(j) if search else backend.stream(ids, choice, timeout, text),
+                choices.append(Choice(completion, own,
+                                      search.choice(j) if search else backend.stream(ids, own, timeout, text),
                                       self.calls() if self.calls else None,
                                       reasoning.Thinking(parser, self.rules.decoding.count) if parser else None,
                                       self.guide_param, self.model))

@@ -223,11 +223,12 @@ def make_parser(name: ReasoningName, prompt: str) -> ReasoningParser | None:
 
 
 class Thinking:
-    """One choice's thinking: taken out of its text as it streams, and its tokens counted from the steps. A
-    token counts when it comes while the parser is inside the thinking (so the closing tag's tokens do and
-    the opening tag's last one does not; a token that completes no character yet counts too). Text steps
-    bring text without its tokens: the thinking they bring is counted with the model's tokenizer, as the
-    tokens of a text step the backend does not count are (services/llm/completion.py)."""
+    """One choice's thinking: taken out of its text as it streams, and its tokens counted from the steps:
+    every token from the one that opens the thinking through the one that closes it (a token counts when
+    the parser is inside the thinking before or after its text, which may be none yet: part of a
+    character). Text steps bring text without its tokens: the thinking they bring is counted with the
+    model's tokenizer, as the tokens of a text step the backend does not count are
+    (services/llm/completion.py)."""
 
     def __init__(self, parser: ReasoningParser, count: Callable[[str], int]) -> None:
         self.parser = parser
@@ -244,12 +245,13 @@ class Thinking:
         thinking: list[str] = []
         content: list[str] = []
         for i, piece in enumerate(pieces):
-            if i < len(tokens) and self.parser.inside:
-                self.tokens += 1
+            inside = self.parser.inside
             if piece:
                 more, rest = self.parser.feed(piece)
                 thinking.append(more)
                 content.append(rest)
+            if i < len(tokens) and (inside or self.parser.inside):
+                self.tokens += 1
         if final:
             more, rest = self.parser.finish()
             thinking.append(more)
