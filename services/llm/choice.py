@@ -39,13 +39,14 @@ class Choice:
 
     async def deltas(self) -> AsyncGenerator[llm_pb2.Delta, None]:
         """The choice's deltas: the echo if any, then what each step brings, then the last with the finish
-        reason. Closing it closes its steps (a backend stream's close cancels the Triton request)."""
+        reason. Closing it closes its steps (a backend stream's close cancels the Triton request); a choice
+        that may generate nothing (`max_tokens` 0 with `echo`) never starts them."""
         completion = self.completion
         first = completion.start()
         if first is not None:
             yield first
-        async with contextlib.aclosing(self.steps) as steps:
-            if self.sampling.max_new_tokens > 0:
+        if self.sampling.max_new_tokens > 0:
+            async with contextlib.aclosing(self.steps) as steps:
                 try:
                     async for step in steps:
                         delta = completion.add(step)
@@ -55,7 +56,7 @@ class Choice:
                         elif self._parse(delta):
                             yield delta
                         if completion.stopped:
-                            break
+                            break  # closing the stream cancels the Triton request
                         # At its token limit the backend ends by itself: reading on (nothing more is taken)
                         # spares Triton a cancellation racing the request's own end.
                 except ServiceError as exc:
