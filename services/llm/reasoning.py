@@ -14,6 +14,8 @@ Families (`reasoning_parser` in the model configuration, or detected from the ch
   written as the Hermes call `<tool_call>{"name": NAME, "arguments": …}</tool_call>` for the tool-call
   parser. The service keeps special tokens in its text for this family.
 Whitespace around the thinking (the newlines after `<think>` and after `</think>`) belongs to neither.
+
+A choice's parser runs in its `Thinking`, which also counts the thinking's tokens for the usage.
 """
 
 from __future__ import annotations
