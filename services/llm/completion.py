@@ -52,18 +52,33 @@ class _TextCount:
             self.steps += 1
 
 
-class Completion:
-    """One choice: feed it steps, take Delta messages."""
+@dataclass(frozen=True)
+class CompletionRules:
+    """What every completion of one request is held to, decided once per request: the token-id stop words
+    (the end id unless ignored, `model_infos` `stop_words`), the stop strings, how the model's tokens become
+    text, and vLLM's `min_tokens`, `include_stop_str_in_output` and `skip_special_tokens`."""
 
-    def __init__(self, index: int, prompt: Sequence[int], *, max_new: int, stop_words: list[list[int]],
-                 stops: list[str], decoding: TokenDecoding, echo: str = "", min_tokens: int = 0,
-                 include_stop: bool = False, skip_special_tokens: bool = True) -> None:
+    stop_words: list[list[int]]
+    stops: list[str]
+    decoding: TokenDecoding
+    min_tokens: int = 0
+    include_stop: bool = False
+    skip_special_tokens: bool = True
+
+
+class Completion:
+    """One choice's text: feed it steps, take Delta messages."""
+
+    def __init__(self, index: int, prompt: Sequence[int], rules: CompletionRules, *, max_new: int,
+                 echo: str = "") -> None:
         self.index = index
         self.max_new = max_new
-        self.min_tokens = min_tokens
-        self.tokens = StopTokens(stop_words, min_tokens)
-        self.detokenizer = Detokenizer(decoding.decode if skip_special_tokens else decoding.decode_special, prompt)
-        self.strings = StopStrings(stops, include=include_stop)
+        self.min_tokens = rules.min_tokens
+        self.tokens = StopTokens(rules.stop_words, rules.min_tokens)
+        decoding = rules.decoding
+        self.detokenizer = Detokenizer(decoding.decode if rules.skip_special_tokens else decoding.decode_special,
+                                       prompt)
+        self.strings = StopStrings(rules.stops, include=rules.include_stop)
         self.token_text = decoding.token_text
         self.count = decoding.count
         self.echo = echo
@@ -74,7 +89,10 @@ class Completion:
         self.text: _TextCount | None = None  # set by the first text step
         self.reason: FinishReason | None = None  # the backend's, when it says
         self.prompt_tokens: int | None = None  # the prompt's tokens as the backend counted them
-        self.armed = min_tokens == 0
+        self.armed = rules.min_tokens == 0
+        # The text of each token the last step (or the finish) released, in order: what each token added to
+        # the delta's text. None after a text step, which brings text without its tokens.
+        self.released: list[str] | None = []
 
     @property
     def consumed(self) -> int:
@@ -120,15 +138,18 @@ class Completion:
                 self.logprobs.clear()  # the stop word's
             if self.strings.stopped:
                 break
+        self.released = pieces
         return self._delta("".join(pieces))
 
     def finish(self) -> llm_pb2.Delta:
         """The last increment, with the finish reason."""
         text = ""
+        self.released = [] if self.text is None else None
         if not self.strings.stopped:  # what was held back did not become a stop string: it goes out
             if self.text is None:
                 if not self.tokens.stopped:
-                    text = "".join(self._decode(t) for t in self.tokens.flush())
+                    self.released = [self._decode(t) for t in self.tokens.flush()]
+                    text = "".join(self.released)
                 text += self.strings.feed(self.detokenizer.flush(), self._armed())
             if not self.strings.stopped:
                 text += self.strings.flush()
@@ -158,6 +179,7 @@ class Completion:
 
     def _feed_text(self, step: Step) -> llm_pb2.Delta | None:
         count = self.text = self.text or _TextCount()
+        self.released = None
         if step.prompt_tokens is not None:
             self.prompt_tokens = step.prompt_tokens
         self.reason = step.finish_reason or self.reason
@@ -236,6 +258,20 @@ def _resolve(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
+async def _window(wait: float, ended: asyncio.Future[None]) -> None:
+    """The time a batch stays open after its first item: `JOIN_TURNS` turns of the loop once `wait` (what is
+    left of the least interval between batches) is over or a stream has ended; else as asyncio.sleep(wait),
+    cut short by a stream's end."""
+    if wait <= 0 or ended.done():
+        await _turns(JOIN_TURNS)
+        return
+    timer = asyncio.get_running_loop().call_later(wait, _resolve, ended)
+    try:
+        await ended
+    finally:
+        timer.cancel()
+
+
 async def merge(streams: Sequence[AsyncGenerator[T, None]], min_interval_s: float = MIN_INTERVAL_S
                 ) -> AsyncIterator[list[T]]:
     """Items of concurrent streams, in batches: everything that arrived while the consumer was busy, or
@@ -267,15 +303,7 @@ async def merge(streams: Sequence[AsyncGenerator[T, None]], min_interval_s: floa
         while running:
             batch, failure = [], None
             message = await queue.get()
-            wait = left + min_interval_s - loop.time()
-            if wait <= 0 or ended.done():
-                await _turns(JOIN_TURNS)
-            else:  # as asyncio.sleep(wait), cut short by a stream's end
-                timer = loop.call_later(wait, _resolve, ended)
-                try:
-                    await ended
-                finally:
-                    timer.cancel()
+            await _window(left + min_interval_s - loop.time(), ended)
             ended = loop.create_future()  # the ends queued so far are drained below
             while True:
                 if isinstance(message, BaseException):

@@ -14,12 +14,15 @@ Families (`reasoning_parser` in the model configuration, or detected from the ch
   written as the Hermes call `<tool_call>{"name": NAME, "arguments": …}</tool_call>` for the tool-call
   parser. The service keeps special tokens in its text for this family.
 Whitespace around the thinking (the newlines after `<think>` and after `</think>`) belongs to neither.
+
+A choice's parser runs in its `Thinking`, which also counts the thinking's tokens for the usage.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 ReasoningName = Literal["deepseek_r1", "qwen3", "gpt_oss"]
@@ -61,6 +64,11 @@ def _partial_suffix(text: str, marker: str) -> int:
 class ReasoningParser:
     """Text in, (reasoning, content) out; `finish` releases what was held back."""
 
+    @property
+    def inside(self) -> bool:
+        """Whether the text fed so far leaves the parser inside the thinking."""
+        raise NotImplementedError
+
     def feed(self, text: str) -> tuple[str, str]:
         raise NotImplementedError
 
@@ -78,6 +86,10 @@ class ThinkParser(ReasoningParser):
         self.pending = ""  # text not yet decided: whitespace and a partial tag
         self.reasoning = _Trimmed()
         self.content_started = False  # content's leading whitespace (after </think>) is dropped
+
+    @property
+    def inside(self) -> bool:
+        return self.state == "thinking" or (self.state == "start" and self.default == "thinking")
 
     def feed(self, text: str) -> tuple[str, str]:
         reasoning: list[str] = []
@@ -138,6 +150,10 @@ class HarmonyParser(ReasoningParser):
         self.channel = ""  # of the current message; "call" for a message to a function
         self.reasoning = _Trimmed()
         self.opened = False  # whether any markup was seen
+
+    @property
+    def inside(self) -> bool:
+        return self.state == "body" and self.channel == "analysis"
 
     def feed(self, text: str) -> tuple[str, str]:
         reasoning: list[str] = []
@@ -206,6 +222,50 @@ def make_parser(name: ReasoningName, prompt: str) -> ReasoningParser | None:
     if started is False:
         return None
     return ThinkParser(thinking=bool(started) or name == "deepseek_r1")
+
+
+class Thinking:
+    """One choice's thinking: taken out of its text as it streams, and its tokens counted from the steps:
+    every token from the one that opens the thinking through the one that closes it (a token counts when
+    the parser is inside the thinking before or after its text, which may be none yet: part of a
+    character). Text steps bring text without its tokens: the thinking they bring is counted with the
+    model's tokenizer, as the tokens of a text step the backend does not count are
+    (services/llm/completion.py)."""
+
+    def __init__(self, parser: ReasoningParser, count: Callable[[str], int]) -> None:
+        self.parser = parser
+        self.count = count  # text → its tokens
+        self.tokens = 0  # token steps' tokens that came inside the thinking
+        self.texts: list[str] = []  # the thinking text steps brought
+
+    def split(self, text: str, released: Sequence[str] | None, final: bool = False) -> tuple[str, str]:
+        """A delta's text as (thinking, content). `released`: the text of each token behind it, in order (what
+        follows them came with no new token); None for a text step. `final`: the completion's end, which
+        releases what the parser held back."""
+        tokens = released or ()
+        pieces = [*tokens, text[sum(map(len, tokens)):]]
+        thinking: list[str] = []
+        content: list[str] = []
+        for i, piece in enumerate(pieces):
+            inside = self.parser.inside
+            if piece:
+                more, rest = self.parser.feed(piece)
+                thinking.append(more)
+                content.append(rest)
+            if i < len(tokens) and (inside or self.parser.inside):
+                self.tokens += 1
+        if final:
+            more, rest = self.parser.finish()
+            thinking.append(more)
+            content.append(rest)
+        thought = "".join(thinking)
+        if released is None and thought:
+            self.texts.append(thought)
+        return thought, "".join(content)
+
+    def used(self, consumed: int) -> int:
+        """The thinking's tokens, at most the `consumed` tokens of its completion."""
+        return min(self.tokens + (self.count("".join(self.texts)) if self.texts else 0), consumed)
 
 
 def detect_parser(template_source: str) -> ReasoningName | None:

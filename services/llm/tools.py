@@ -1,7 +1,9 @@
 """What a chat's tools change in a generation: the messages and tools the chat template sees (an agent's
 earlier calls and the tools' results replayed as transformers' `apply_chat_template(tools=...)` gives
 them), the guide that forces a call (`tool_choice` `required` or a named function, enforced by guided
-decoding), and the parser that finds calls in the model's text (`tool_choice` `auto`).
+decoding), and the parser that finds calls in the model's text (`tool_choice` `auto`). The tools' JSON
+Schemas are parsed once per request (`ChatTools`); the template, the forced call and the named function all
+read that.
 
 A template that does not render `tools` gets the Hermes format, which small instruction models follow best:
 the tools described in the system message, calls as `<tool_call>` JSON, results as `<tool_response>`.
@@ -29,6 +31,31 @@ HERMES_SYSTEM = (
 
 
 @dataclass(frozen=True)
+class ChatTools:
+    """A chat's tools as OpenAI's objects (`{"type": "function", "function": {"name", "description",
+    "parameters"}}`), each one's parameters parsed once per request: the chat template sees these objects
+    (or their Hermes description), and the forced call's schema is built from them. Empty when the chat has
+    no tools or `tool_choice` is `none`: the model is then told of none."""
+
+    objects: tuple[dict[str, Any], ...] = ()
+
+    @classmethod
+    def of(cls, chat: llm_pb2.Chat) -> ChatTools:
+        if not chat.tools or chat.tool_choice.mode == "none":
+            return cls()
+        return cls(tuple({"type": "function", "function": {
+            "name": tool.name, **({"description": tool.description} if tool.description else {}),
+            "parameters": json.loads(tool.parameters) if tool.parameters else dict(OBJECT)}} for tool in chat.tools))
+
+    def parameters(self, name: str) -> dict[str, Any]:
+        """The parameters' schema of the tool `name` (one the edge checked the chat has)."""
+        return next(tool["function"]["parameters"] for tool in self.objects if tool["function"]["name"] == name)
+
+
+NO_TOOLS = ChatTools()
+
+
+@dataclass(frozen=True)
 class ToolPlan:
     """How one request uses its tools: a parser per choice (None: plain text), the JSON Schema that forces
     a call ("" for none) and the parameter that asked for it."""
@@ -37,43 +64,34 @@ class ToolPlan:
     guide: str = ""
     param: str = ""
 
+    @classmethod
+    def of(cls, chat: llm_pb2.Chat, tools: ChatTools, family: ParserName, policy: GenerationPolicy) -> ToolPlan:
+        """The plan for `chat`, whose tools are `tools`; a forced call on a backend without guided decoding is
+        refused."""
+        choice = chat.tool_choice
+        parallel = not chat.HasField("parallel_tool_calls") or chat.parallel_tool_calls
+        if not tools.objects:
+            return cls()
+        if choice.function:
+            guided(policy, "tool_choice", "naming a function")
+            name = choice.function
+            return cls(lambda: NamedParser(name), json.dumps(tools.parameters(name)), "tool_choice")
+        if choice.mode == "required":
+            guided(policy, "tool_choice", "'required'")
+            return cls(lambda: JsonListParser(parallel), forced_calls_schema(tools, parallel), "tool_choice")
+        return cls(lambda: make_parser(family, parallel))
 
-def parameters(tool: llm_pb2.Tool) -> dict[str, Any]:
-    return json.loads(tool.parameters) if tool.parameters else dict(OBJECT)
 
-
-def tool_objects(chat: llm_pb2.Chat) -> list[dict[str, Any]]:
-    """The tools as OpenAI's objects, for the template."""
-    return [{"type": "function", "function": {"name": tool.name,
-                                              **({"description": tool.description} if tool.description else {}),
-                                              "parameters": parameters(tool)}} for tool in chat.tools]
-
-
-def forced_calls_schema(tools: list[llm_pb2.Tool], parallel: bool) -> str:
+def forced_calls_schema(tools: ChatTools, parallel: bool) -> str:
     """`tool_choice: required`: an array of at least one call of any tool, with that tool's arguments."""
     calls = [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
-              "properties": {"name": {"type": "string", "enum": [tool.name]}, "arguments": parameters(tool)}}
-             for tool in tools]
+              "properties": {"name": {"type": "string", "enum": [tool["function"]["name"]]},
+                             "arguments": tool["function"]["parameters"]}}
+             for tool in tools.objects]
     schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
     if not parallel:
         schema["maxItems"] = 1
     return json.dumps(schema)
-
-
-def plan(chat: llm_pb2.Chat, family: ParserName, policy: GenerationPolicy) -> ToolPlan:
-    choice = chat.tool_choice
-    parallel = not chat.HasField("parallel_tool_calls") or chat.parallel_tool_calls
-    if not chat.tools or choice.mode == "none":
-        return ToolPlan()
-    if choice.function:
-        guided(policy, "tool_choice", "naming a function")
-        tool = next(tool for tool in chat.tools if tool.name == choice.function)  # checked by the edge
-        return ToolPlan(lambda: NamedParser(tool.name), json.dumps(parameters(tool)), "tool_choice")
-    if choice.mode == "required":
-        guided(policy, "tool_choice", "'required'")
-        return ToolPlan(lambda: JsonListParser(parallel), forced_calls_schema(list(chat.tools), parallel),
-                        "tool_choice")
-    return ToolPlan(lambda: make_parser(family, parallel))
 
 
 def _arguments(text: str) -> Any:
@@ -84,10 +102,12 @@ def _arguments(text: str) -> Any:
         return text
 
 
-def template_messages(chat: llm_pb2.Chat, native: bool, images: bool = False) -> list[dict[str, Any]]:
+def template_messages(chat: llm_pb2.Chat, native: bool, images: bool = False, tools: ChatTools = NO_TOOLS
+                      ) -> list[dict[str, Any]]:
     """The messages as a template sees them. `native`: the template renders tools and tool messages itself;
-    else they are written in the Hermes format. `images`: the template places images, so a message with
-    images has transformers' content parts, `[{"type": "image"}, ..., {"type": "text", "text": ...}]`."""
+    else they are written in the Hermes format, `tools` described in the system message. `images`: the
+    template places images, so a message with images has transformers' content parts,
+    `[{"type": "image"}, ..., {"type": "text", "text": ...}]`."""
     messages: list[dict[str, Any]] = []
     for m in chat.messages:
         content: Any = m.content
@@ -112,8 +132,8 @@ def template_messages(chat: llm_pb2.Chat, native: bool, images: bool = False) ->
                                 "\n</tool_call>" for c in calls)
             message["content"] = f"{m.content}\n{written}" if m.content else written
         messages.append(message)
-    if not native and chat.tools and chat.tool_choice.mode != "none":
-        described = HERMES_SYSTEM.format(tools="\n".join(json.dumps(tool) for tool in tool_objects(chat)))
+    if not native and tools.objects:
+        described = HERMES_SYSTEM.format(tools="\n".join(json.dumps(tool) for tool in tools.objects))
         if messages and messages[0]["role"] == "system":
             messages[0] = {**messages[0], "content": f"{messages[0]['content']}\n\n{described}"}
         else:

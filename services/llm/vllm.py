@@ -69,7 +69,7 @@ def sampling_parameters(sampling: Sampling, lora_name: str | None = None) -> dic
     if sampling.logprobs:
         params["logprobs"] = sampling.top_logprobs  # alternatives; 0: the sampled token's only
     if sampling.guide:  # vLLM 0.11+ StructuredOutputsParams, which the backend reads from a JSON string
-        params["structured_outputs"] = json.dumps({"json": json.loads(sampling.guide)})
+        params["structured_outputs"] = f'{{"json": {sampling.guide}}}'  # the guide is JSON text: not parsed again
     return params
 
 

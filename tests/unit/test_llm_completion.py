@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from services.llm.completion import JOIN_TURNS, Completion, coalesce, merge
+from services.llm.completion import JOIN_TURNS, Completion, CompletionRules, coalesce, merge
 from services.llm.detokenizer import TokenDecoding
 from tritongate.llm.v1 import llm_pb2
 
@@ -19,8 +19,8 @@ END_ID = 2
 
 def completion(tokenizer: Any, max_new: int = 50, stops: list[str] | None = None, echo: str = "",
                stop_words: list[list[int]] | None = None) -> Completion:
-    return Completion(0, [], max_new=max_new, stop_words=[[END_ID], *(stop_words or [])], stops=stops or [],
-                      decoding=TokenDecoding.of(tokenizer), echo=echo)
+    rules = CompletionRules([[END_ID], *(stop_words or [])], stops or [], TokenDecoding.of(tokenizer))
+    return Completion(0, [], rules, max_new=max_new, echo=echo)
 
 
 def run(c: Completion, steps: list[list[int]], logprobs: bool = False) -> list[llm_pb2.Delta]:

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from services.llm.backends import Step
-from services.llm.completion import Completion
+from services.llm.completion import Completion, CompletionRules
 from services.llm.detokenizer import TokenDecoding
 from tritongate.llm.v1 import llm_pb2
 
@@ -17,8 +17,8 @@ END_ID = 2
 
 
 def completion(tokenizer: Any, max_new: int = 50, stops: list[str] | None = None, **options: Any) -> Completion:
-    return Completion(0, [], max_new=max_new, stop_words=options.pop("stop_words", [[END_ID]]), stops=stops or [],
-                      decoding=TokenDecoding.of(tokenizer), **options)
+    rules = CompletionRules(options.pop("stop_words", [[END_ID]]), stops or [], TokenDecoding.of(tokenizer), **options)
+    return Completion(0, [], rules, max_new=max_new)
 
 
 def run(c: Completion, steps: list[Step]) -> list[llm_pb2.Delta]:

@@ -16,6 +16,7 @@ from services.llm.reasoning import (
 )
 from services.llm.reasoning import (
     ReasoningName,
+    Thinking,
     detect_parser,
     make_parser,
     thinks_from_prompt,
@@ -87,6 +88,44 @@ def test_a_harmony_call_becomes_a_hermes_call_for_the_tool_parser() -> None:
     text, pieces = calls.feed(content)
     assert thinking == "Need the time." and text == "" and calls.calls == 1
     assert pieces[0].name == "get_time" and json.loads("".join(p.arguments for p in pieces)) == {"zone": "Europe/Rome"}
+
+
+# One text per token: the thinking opens with the third token and closes with the tenth.
+TOKENS = ["<", "think", ">", "\n", "One", " two", "\n", "</", "think", ">", "\n\n", "Answer"]
+
+
+@pytest.mark.parametrize("size", [1, 3, len(TOKENS)])
+def test_token_steps_count_every_token_from_the_one_that_opens_the_thinking_through_the_one_that_closes_it(
+        size: int) -> None:
+    parser = make_parser("qwen3", "")
+    assert parser is not None
+    thinking = Thinking(parser, count=lambda text: pytest.fail("token steps are never tokenized again"))
+    thought, content = "", ""
+    for start in range(0, len(TOKENS), size):
+        step = TOKENS[start: start + size]
+        more, text = thinking.split("".join(step), step)
+        thought, content = thought + more, content + text
+    more, text = thinking.split("", [], final=True)
+    assert (thought + more, content + text) == ("One two", "Answer")
+    assert thinking.used(consumed=len(TOKENS)) == 8 and thinking.used(consumed=5) == 5
+
+
+def test_a_token_that_makes_no_text_yet_counts_where_it_comes() -> None:
+    parser = make_parser("deepseek_r1", R1)
+    assert parser is not None
+    thinking = Thinking(parser, count=len)
+    assert thinking.split("", ["", ""]) == ("", "")  # e.g. the first bytes of a character
+    assert thinking.split("\u4f60</think>Hi", ["\u4f60", "</think>", "Hi"]) == ("\u4f60", "Hi")
+    assert thinking.used(consumed=5) == 4
+
+
+def test_text_steps_count_their_thinking_with_the_tokenizer() -> None:
+    parser = make_parser("qwen3", "")
+    assert parser is not None
+    thinking = Thinking(parser, count=len)  # one token per character
+    assert thinking.split("<think>abc</thi", None) == ("abc", "")
+    assert thinking.split("nk>answer", None, final=True) == ("", "answer")
+    assert thinking.used(consumed=100) == 3 and thinking.used(consumed=2) == 2
 
 
 @pytest.mark.parametrize(("prompt", "thinks"), [

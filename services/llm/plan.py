@@ -1,0 +1,145 @@
+"""One generation request, decided once: its prompts, `n`, the sampling every choice shares, the rules
+every completion is held to, its tools and reasoning, each prompt's token limit, the seeds; then one
+`Choice` per completion (services/llm/choice.py), and at the end the usage their counts add up to.
+
+Choice `p * n + j` is completion `j` of prompt `p`: it samples with the request's seed + j, and under beam
+search (`num_beams` > 1) it is the prompt's `j`-th best beam, all of a prompt's beams coming from one
+backend request (services/llm/beams.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from services.common.errors import invalid_argument
+from services.llm import reasoning
+from services.llm.backends import LlmBackend, Sampling
+from services.llm.beams import BeamSearch
+from services.llm.choice import Choice
+from services.llm.completion import Completion, CompletionRules
+from services.llm.params import PromptParam, choice_seeds, for_choice, max_new_tokens, sampling
+from services.llm.toolcalls import ToolCallParser
+from services.llm.tools import NO_TOOLS, ChatTools, ToolPlan
+from tritongate.common.v1 import common_pb2
+from tritongate.llm.v1 import llm_pb2
+from tritongate.logs import REQUEST_ID
+
+if TYPE_CHECKING:
+    from services.llm.model import LanguageModel
+
+
+@dataclass(frozen=True)
+class PromptSet:
+    """A request's prompts: each one's token ids, its text (None for a token-id prompt not echoed: decoded
+    only for a backend that takes text), the text `echo` sends back before its completions ("" when not
+    echoing), the request parameter that holds them (named in errors), and a chat's tools, parsed once."""
+
+    ids: list[list[int]]
+    texts: list[str | None]
+    echoes: list[str]
+    param: PromptParam
+    tools: ChatTools = NO_TOOLS
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(ids) for ids in self.ids)
+
+
+@dataclass(frozen=True)
+class RequestPlan:
+    """Everything one generation request decides before its choices run."""
+
+    model: str  # the public id, named in messages
+    prompts: PromptSet
+    backend_texts: list[str]  # each prompt as a backend that takes text gets it ("" for one that takes ids)
+    n: int  # completions per prompt
+    base: Sampling  # what every choice samples with, but its token limit, seed and request id
+    rules: CompletionRules
+    limits: list[int]  # each prompt's max_new_tokens
+    seeds: list[int]  # the seed of each prompt's completion j
+    calls: Callable[[], ToolCallParser] | None  # a choice's tool-call parser; None: the text is not parsed
+    thinks: reasoning.ReasoningName | None  # the family whose parser takes each choice's thinking out
+    guide_param: str  # the parameter the guide came from, named when a backend cannot compile it
+    request_id: str  # the client's, bound from the RPC's metadata (services/common/metrics.py)
+
+    @classmethod
+    def of(cls, model: LanguageModel, request: llm_pb2.GenerateRequest, prompts: PromptSet, n: int) -> RequestPlan:
+        """The plan of `request` (its `prompts` and `n` already checked) on `model`, once its backend is known;
+        a knob, format or tool choice the backend cannot honour, images it does not take and a prompt that
+        leaves no room in the context are refused here."""
+        policy = model.policy
+        base, stops = sampling(request, policy)
+        base.images = _images(request, model)
+        thinks = model.reasoning_family if request.HasField("chat") else None
+        if thinks == "gpt_oss" and not request.HasField("skip_special_tokens") and \
+                model.backend.supports("special_tokens"):
+            base.skip_special_tokens = False  # the harmony markup the parser reads is special tokens
+        tools = ToolPlan.of(request.chat, prompts.tools, model.tool_family, policy) if request.HasField("chat") \
+            else ToolPlan()
+        # A turn that forces a call is held to the call's grammar; the output format (`response_format`) is
+        # for the answer after the tool's result, as OpenAI treats the pair (the Agents SDK sends both).
+        base.guide = tools.guide or base.guide
+        base.adapter = model.adapter(request.model)
+        rules = CompletionRules(policy.stop_tokens(base.ignore_eos), stops, model.decoding, base.min_tokens,
+                                base.include_stop_str, base.skip_special_tokens)
+        limits = [max_new_tokens(request, policy, len(ids), prompts.param) for ids in prompts.ids]
+        # Calls are parsed unless a format the request asked for (and no forced call) shapes the text.
+        calls = tools.parser if tools.guide or not request.HasField("guide") else None
+        return cls(model.name, prompts, [_backend_text(model, prompts, p) for p in range(len(prompts.ids))], n,
+                   base, rules, limits, choice_seeds(request, n), calls, thinks, tools.param or "response_format",
+                   REQUEST_ID.get())
+
+    def choices(self, backend: LlmBackend, timeout: float | None) -> list[Choice]:
+        """One choice per completion, each with its own backend stream, or with beam search its beam of its
+        prompt's one backend request."""
+        choices = []
+        n = self.n
+        for p, ids in enumerate(self.prompts.ids):
+            limit, text = self.limits[p], self.backend_texts[p]
+            search = BeamSearch(backend.stream(ids, for_choice(self.base, limit, 0, self.request_id, p * n), timeout,
+                                               text), n) if self.base.beam_width > 1 else None
+            for j in range(n):
+                index = p * n + j
+                own = for_choice(self.base, limit, self.seeds[j], self.request_id, index)
+                completion = Completion(index, ids, self.rules, max_new=limit, echo=self.prompts.echoes[p])
+                parser = reasoning.make_parser(self.thinks, self.prompts.texts[p] or "") if self.thinks else None
+                choices.append(Choice(completion, own,
+                                      search.choice(j) if search else backend.stream(ids, own, timeout, text),
+                                      self.calls() if self.calls else None,
+                                      reasoning.Thinking(parser, self.rules.decoding.count) if parser else None,
+                                      self.guide_param, self.model))
+        return choices
+
+    def usage(self, choices: list[Choice]) -> common_pb2.Usage:
+        """Each prompt counted once (as the backend counted it, when it says), every completion's tokens, and
+        the thinking's."""
+        n, prompt_tokens = self.n, 0
+        for p, ids in enumerate(self.prompts.ids):
+            counted = [c.completion.prompt_tokens for c in choices[p * n: (p + 1) * n]
+                       if c.completion.prompt_tokens is not None]
+            prompt_tokens += counted[0] if counted else len(ids)
+        generated = sum(choice.completion.consumed for choice in choices)
+        thinking = sum(c.thinking.used(c.completion.consumed) for c in choices if c.thinking is not None)
+        return common_pb2.Usage(prompt_tokens=prompt_tokens, completion_tokens=generated,
+                                total_tokens=prompt_tokens + generated, reasoning_tokens=thinking)
+
+
+def _backend_text(model: LanguageModel, prompts: PromptSet, index: int) -> str:
+    """Prompt `index` as text, for a backend that takes text ("" for one that takes token ids). A token-id
+    prompt not decoded yet (for its echo) is decoded with its special tokens; the backend tokenizes it again."""
+    if not model.backend.takes_text:
+        return ""
+    text = prompts.texts[index]
+    return text if text is not None else str(model.tokenizer.decode(prompts.ids[index], skip_special_tokens=False))
+
+
+def _images(request: llm_pb2.GenerateRequest, model: LanguageModel) -> list[bytes]:
+    """The chat's image files in order; refused when the model's backend takes no images."""
+    found = [image.data for message in request.chat.messages for image in message.images]
+    if found and not model.backend.supports("images"):
+        raise invalid_argument(f"`messages` carry images, but model `{model.name}` does not take images (its "
+                               f"{model.backend.name} backend on Triton model `{model.entry.triton_name}` declares "
+                               "no image input).", "messages")
+    return found
