@@ -62,13 +62,13 @@ def detect_backend(triton_config: Mapping[str, Any], model: str) -> BackendName:
                  f"{_INTERFACES}. Set `backend` in the model config if it is one of them (docs/backends.md).")
 
 
-def _adapter(name: BackendName, entry: LlmModel, triton: Triton, endpoints: TritonPool) -> LlmBackend:
+def _adapter(name: BackendName, entry: LlmModel, triton: Triton, pool: TritonPool) -> LlmBackend:
     model, constants = entry.triton_name, entry.triton_inputs
     makers: dict[BackendName, Callable[[], LlmBackend]] = {
-        "fastertransformer": lambda: FasterTransformer(triton, endpoints, model, constants),
-        "tensorrt_llm": lambda: TensorRTLLM(triton, endpoints, model, constants),
-        "tensorrt_llm_text": lambda: TensorRTLLMText(triton, endpoints, model, constants, entry.accumulate_tokens),
-        "vllm": lambda: Vllm(triton, endpoints, model, constants, entry.lora_name),
+        "fastertransformer": lambda: FasterTransformer(triton, pool, model, constants),
+        "tensorrt_llm": lambda: TensorRTLLM(triton, pool, model, constants),
+        "tensorrt_llm_text": lambda: TensorRTLLMText(triton, pool, model, constants, entry.accumulate_tokens),
+        "vllm": lambda: Vllm(triton, pool, model, constants, entry.lora_name),
     }
     return makers[name]()
 
@@ -77,10 +77,10 @@ class ModelBackend:
     """The backend of one model: it forwards to the adapter chosen when the Triton model became ready, so
     that the model's `GenerationPolicy` can hold it from the start."""
 
-    def __init__(self, entry: LlmModel, triton: Triton, endpoints: TritonPool) -> None:
+    def __init__(self, entry: LlmModel, triton: Triton, pool: TritonPool) -> None:
         self.entry = entry
         self.triton = triton
-        self.endpoints = endpoints  # the model's Triton endpoints, which its adapter streams from
+        self.pool = pool  # the model's Triton endpoints, which its adapter streams from
         self.adapter: LlmBackend | None = None
 
     @property
@@ -101,7 +101,7 @@ class ModelBackend:
     def configure(self, triton_config: dict[str, Any]) -> None:
         name = self.entry.backend or detect_backend(triton_config, self.entry.triton_name)
         adapter = self.adapter if self.adapter and self.adapter.name == name else \
-            _adapter(name, self.entry, self.triton, self.endpoints)
+            _adapter(name, self.entry, self.triton, self.pool)
         adapter.configure(triton_config)
         self.adapter = adapter
 

@@ -62,10 +62,10 @@ class FasterTransformer:
     name = "fastertransformer"
     takes_text = False
 
-    def __init__(self, triton: Triton, endpoints: TritonPool, model: str,
+    def __init__(self, triton: Triton, pool: TritonPool, model: str,
                  constants: dict[str, float] | None = None) -> None:
         self.triton = triton
-        self.endpoints = endpoints
+        self.pool = pool
         self.model = model
         self.constants = dict(constants or {})
         self.inputs: dict[str, Any] = {}  # declared input → numpy dtype
@@ -137,7 +137,7 @@ class FasterTransformer:
         if sampling.logprobs:
             outputs.append("output_log_probs")
         done = len(prompt)  # valid positions already seen
-        async for result in self.triton.stream(self.endpoints, self.model, self.tensors(prompt, sampling), outputs,
+        async for result in self.triton.stream(self.pool, self.model, self.tensors(prompt, sampling), outputs,
                                                timeout, sampling.request_id):
             if "output_ids" not in result or "sequence_length" not in result:
                 continue  # the empty final response of a cancelled request

@@ -75,10 +75,10 @@ class TensorRTLLM:
     name = "tensorrt_llm"
     takes_text = False
 
-    def __init__(self, triton: Triton, endpoints: TritonPool, model: str,
+    def __init__(self, triton: Triton, pool: TritonPool, model: str,
                  constants: Mapping[str, float] | None = None) -> None:
         self.triton = triton
-        self.endpoints = endpoints
+        self.pool = pool
         self.model = model
         self.constants = dict(constants or {})
         self.interface = ModelInterface({})
@@ -139,7 +139,7 @@ class TensorRTLLM:
         done = 0  # tokens received so far
         tensors = self.tensors(prompt, sampling)
         async for result in self.lora.stream(sampling.adapter, self.interface, lambda lora: self.triton.stream(
-                self.endpoints, self.model, {**tensors, **lora}, outputs, timeout, sampling.request_id)):
+                self.pool, self.model, {**tensors, **lora}, outputs, timeout, sampling.request_id)):
             if "output_ids" not in result or "sequence_length" not in result:
                 continue  # an empty final response (a stop request, a cancellation)
             if sampling.beam_width > 1:

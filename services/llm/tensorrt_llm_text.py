@@ -58,10 +58,10 @@ class TensorRTLLMText:
     takes_text = True
     beam_widths = ()  # not offered: tritongate reads one `text_output` per response, not one per beam
 
-    def __init__(self, triton: Triton, endpoints: TritonPool, model: str, constants: Mapping[str, float] | None = None,
+    def __init__(self, triton: Triton, pool: TritonPool, model: str, constants: Mapping[str, float] | None = None,
                  accumulate_tokens: bool | None = None) -> None:
         self.triton = triton
-        self.endpoints = endpoints
+        self.pool = pool
         self.model = model
         self.constants = dict(constants or {})
         self.configured_accumulate = accumulate_tokens  # the model config file's say; None: the Triton model's
@@ -126,7 +126,7 @@ class TensorRTLLMText:
         cumulative = CumulativeText() if self.accumulate else None
         tensors = self.tensors(text, sampling)
         async for result in self.lora.stream(sampling.adapter, self.interface, lambda lora: self.triton.stream(
-                self.endpoints, self.model, {**tensors, **lora}, self.outputs(), timeout, sampling.request_id)):
+                self.pool, self.model, {**tensors, **lora}, self.outputs(), timeout, sampling.request_id)):
             if "text_output" not in result:
                 continue  # an empty final response
             piece = text_value(result["text_output"])

@@ -106,10 +106,10 @@ class Vllm:
     takes_text = True
     beam_widths = ()  # vLLM's SamplingParams has had no beam search since 0.6.3 (it moved to a separate API)
 
-    def __init__(self, triton: Triton, endpoints: TritonPool, model: str, constants: Mapping[str, float] | None = None,
+    def __init__(self, triton: Triton, pool: TritonPool, model: str, constants: Mapping[str, float] | None = None,
                  lora_name: str | None = None) -> None:
         self.triton = triton
-        self.endpoints = endpoints
+        self.pool = pool
         self.model = model
         self.constants = dict(constants or {})
         self.lora_name = lora_name
@@ -158,7 +158,7 @@ class Vllm:
     async def stream(self, prompt: Sequence[int], sampling: Sampling, timeout: float | None, text: str = ""
                      ) -> AsyncGenerator[Step, None]:
         cumulative = CumulativeText(skip=len(text)) if self.cumulative else None
-        async for result in self.triton.stream(self.endpoints, self.model, self.tensors(text, sampling),
+        async for result in self.triton.stream(self.pool, self.model, self.tensors(text, sampling),
                                                self.outputs(sampling), timeout, sampling.request_id):
             if "text_output" not in result:
                 continue
