@@ -11,13 +11,15 @@ JSON body". It is also faster.
 from __future__ import annotations
 
 from collections.abc import Callable, Coroutine
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import orjson
 from fastapi import APIRouter, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, ValidationError
+
+Model = TypeVar("Model", bound=BaseModel)
 
 
 class ErrorObject(BaseModel):
@@ -96,7 +98,7 @@ class StrictJSONRoute(APIRoute):
         return strict
 
 
-def parse_body(model: type[BaseModel], body: Any) -> Any:
+def parse_body(model: type[Model], body: Any) -> Model:
     """`body` as `model`, failing as FastAPI's own validation of a declared body would (for a route whose
     body is one of several APIs', told apart by its fields)."""
     try:

@@ -1,9 +1,9 @@
-"""Lean routes: the hot endpoints (chat, completions, embeddings, rerank) without FastAPI's per-request machinery.
+"""Lean routes: every route that takes a JSON body, without FastAPI's per-request machinery.
 
 FastAPI spends more CPU on a small request than the rest of the edge does: the router's search through
 every route, two exception and exit-stack middlewares, dependency resolution, its content-type parsing.
-A `LeanRoute`'s endpoint takes only `(body, request)` and reads the clients it needs off the app itself
-(edge/deps.py), so `LeanRoutes`, the innermost middleware, can serve it straight: exact path, a JSON
+A `LeanRoute`'s endpoint takes only `(body, request)` and reads what it needs from the edge's state
+(edge/app_state.py), so `LeanRoutes`, the innermost middleware, can serve it straight: exact path, a JSON
 body that parses and validates, the endpoint, its answer. The route stays an ordinary FastAPI route for
 /openapi.json and for everything else.
 
@@ -43,9 +43,10 @@ class LeanRoute(StrictJSONRoute):
         self.lean_endpoint: Endpoint = endpoint
 
 
-def lean_router(**kwargs: Any) -> APIRouter:
-    """An APIRouter of lean routes, with OpenAI's error responses declared (as `api_router`)."""
-    return APIRouter(route_class=LeanRoute, responses=ERROR_RESPONSES, **kwargs)
+def lean_router(errors: dict[int | str, dict[str, Any]] = ERROR_RESPONSES, **kwargs: Any) -> APIRouter:
+    """An APIRouter of lean routes, with its error responses declared (OpenAI's unless `errors`, as
+    `api_router`)."""
+    return APIRouter(route_class=LeanRoute, responses=errors, **kwargs)
 
 
 def _json_body(scope: Scope) -> bool:

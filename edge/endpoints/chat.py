@@ -15,9 +15,7 @@ from pydantic import (
     model_validator,
 )
 
-from edge.endpoints.common import UINT32_MAX, Head, OpenAIRequest, ParamError, ResponseModel, Usage, usage_object
-from edge.endpoints.generation import GenerationInput
-from edge.endpoints.images import PendingImage, chat_part_url
+from edge.endpoints.common import UINT32_MAX, Head, OpenAIRequest, ResponseModel, Usage, usage_object
 from edge.endpoints.llm_common import Collected, GenerationRequest
 from edge.endpoints.tools import (
     MAX_TOOLS,
@@ -28,6 +26,9 @@ from edge.endpoints.tools import (
     tool_choice,
     tool_list,
 )
+from edge.errors import ParamError
+from edge.generation import GenerationInput
+from edge.images import PendingImage, chat_part_url
 from tritongate.common.v1 import common_pb2
 from tritongate.llm.v1 import llm_pb2
 
@@ -82,7 +83,7 @@ class ChatMessage(OpenAIRequest):
     reasoning_content: str | None = None
     reasoning: str | None = None
 
-    # The `image_url` parts of a user message: (place in `content`, URL), loaded later (edge/endpoints/images.py).
+    # The `image_url` parts of a user message: (place in `content`, URL), loaded later (edge/images.py).
     _image_urls: list[tuple[int, Any]] = PrivateAttr(default_factory=list)
 
     @model_validator(mode="wrap")

@@ -14,11 +14,11 @@ from pydantic import Field, WithJsonSchema, field_validator
 from edge.endpoints.common import (
     UINT32_MAX,
     OpenAIRequest,
-    ParamError,
     ResponseModel,
     batch_schema,
     text_or_token_batch,
 )
+from edge.errors import ParamError
 from tritongate.common.v1 import common_pb2
 from tritongate.embed.v1 import embed_pb2
 

@@ -7,9 +7,12 @@ from __future__ import annotations
 import uuid
 from typing import Annotated, Any, Literal
 
+from fastapi import Request
 from pydantic import Field, WithJsonSchema, field_validator
 
-from edge.endpoints.common import OpenAIRequest, ParamError, ResponseModel
+from edge.api_router import parse_body
+from edge.endpoints.common import OpenAIRequest, ResponseModel
+from edge.errors import ParamError, tei_body, use_error_body
 from tritongate.rerank.v1 import rerank_pb2
 
 
@@ -72,8 +75,13 @@ class TEIRerankRequest(OpenAIRequest):
 EITHER_SCHEMA = {"anyOf": [RerankRequest.model_json_schema(), TEIRerankRequest.model_json_schema()]}
 
 
-def is_tei(body: dict[str, Any]) -> bool:
-    return "texts" in body and "documents" not in body
+def either_request(body: dict[str, Any], request: Request) -> RerankRequest | TEIRerankRequest:
+    """A /rerank body as the request of the API it speaks: TEI's when it has `texts` and no `documents` (its
+    errors are then in TEI's shape), else Denglin's."""
+    if "texts" in body and "documents" not in body:
+        use_error_body(request, tei_body)
+        return parse_body(TEIRerankRequest, body)
+    return parse_body(RerankRequest, body)
 
 
 def _checked(documents: int, max_documents: int, param: str = "documents") -> None:

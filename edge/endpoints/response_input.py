@@ -2,7 +2,7 @@
 of an earlier answer (`function_call` items) with their results (`function_call_output` items), which
 become chat's assistant `tool_calls` and `tool` messages, so that an agent's next turn reads as chat's
 would. A refused item names its own place in the request (`input[3].content`). A message's
-`input_image` parts become its images (loaded by edge/endpoints/images.py, as chat's `image_url` parts).
+`input_image` parts become its images (loaded by edge/images.py, as chat's `image_url` parts).
 A stored conversation is kept as chat messages in OpenAI's JSON (`chat_json`, images as `data:` URLs),
 read back through chat's own message rules.
 """
@@ -12,9 +12,9 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from edge.endpoints.chat import ChatMessage, message_proto
-from edge.endpoints.common import ParamError
-from edge.endpoints.images import PendingImage, data_url, stored_image
 from edge.endpoints.tools import call_json
+from edge.errors import ParamError
+from edge.images import PendingImage, data_url, stored_image
 from tritongate.llm.v1 import llm_pb2
 
 ROLES = ("user", "system", "developer", "assistant")

@@ -11,10 +11,10 @@ import numpy as np
 import orjson
 from pydantic import Field, RootModel, WithJsonSchema, field_validator
 
-from edge.endpoints.common import UINT32_MAX, OpenAIRequest, ParamError, ResponseModel, batch_schema
+from edge.endpoints.common import UINT32_MAX, OpenAIRequest, ResponseModel, batch_schema
 from edge.endpoints.common import text_or_token_batch as _batch
 from edge.endpoints.embeddings import batch_proto
-from edge.errors import OpenAIError
+from edge.errors import OpenAIError, ParamError
 from tritongate.common.v1 import common_pb2, tokenizer_pb2
 from tritongate.embed.v1 import embed_pb2
 
@@ -85,10 +85,6 @@ class TEITokenizeRequest(OpenAIRequest):
         if not isinstance(texts[0], str):
             raise ParamError("`inputs` must be a string or a list of strings", "inputs")
         return texts
-
-
-def is_tei_tokenize(body: dict[str, Any]) -> bool:
-    return "inputs" in body
 
 
 def tokenize_protos(body: TEITokenizeRequest, model: str) -> list[tokenizer_pb2.TokenizeRequest]:

@@ -16,7 +16,7 @@ import orjson
 from jsonschema import SchemaError
 from jsonschema.validators import Draft202012Validator, validator_for
 
-from edge.endpoints.common import ParamError
+from edge.errors import ParamError
 from tritongate.llm.v1 import llm_pb2
 
 MAX_TOOLS = 128  # OpenAI's limit

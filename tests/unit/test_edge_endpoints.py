@@ -10,9 +10,8 @@ from pydantic import BaseModel, ValidationError
 
 from edge.endpoints import chat, completions, embeddings, rerank
 from edge.endpoints.chat import ChatCompletionRequest
-from edge.endpoints.common import ParamError
 from edge.endpoints.completions import CompletionRequest
-from edge.errors import OpenAIError, as_openai_error, from_validation
+from edge.errors import OpenAIError, ParamError, as_openai_error, from_validation
 from tritongate.llm.v1 import llm_pb2
 
 MESSAGES = [{"role": "user", "content": "Hi"}]

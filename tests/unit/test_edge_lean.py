@@ -11,8 +11,7 @@ from fastapi import FastAPI, Request, Response
 from fastapi.testclient import TestClient
 from pydantic import BaseModel
 
-from edge.endpoints.common import ParamError
-from edge.errors import install_error_handlers
+from edge.errors import ParamError, install_error_handlers
 from edge.lean import LeanRoutes, lean_router
 
 

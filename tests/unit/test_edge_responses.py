@@ -8,10 +8,11 @@ from typing import Any
 
 import pytest
 
-from edge.endpoints.common import ParamError
 from edge.endpoints.llm_common import Collected
 from edge.endpoints.response_input import chat_json, from_chat_json, input_messages
-from edge.endpoints.responses import ResponseRecorder, ResponseRequest, Stored
+from edge.endpoints.response_output import ResponseRecorder
+from edge.endpoints.responses import ResponseRequest, Stored
+from edge.errors import ParamError
 from edge.state import Limits, Space
 from edge.state.memory import MemoryStore
 from tests.support.openai_schema import validate

@@ -4,7 +4,7 @@ the GenerateRequest it becomes."""
 from __future__ import annotations
 
 from edge.endpoints import chat, completions, interactive, responses
-from edge.endpoints.generation import GenerationInput, Sampling
+from edge.generation import GenerationInput, SamplingRequest
 from tritongate.llm.v1 import llm_pb2
 
 TOOL = llm_pb2.Tool(name="f")
@@ -14,7 +14,7 @@ FORCED = llm_pb2.ToolChoice(mode="required")
 def test_a_forced_call_and_a_format_travel_together() -> None:
     """The Agents SDK's pattern: the forced turn is held to the call's grammar by the service, the format
     is for the answer after the tool's result; both reach the service."""
-    proto = GenerationInput(model="m", sampling=Sampling(), tools=[TOOL], tool_choice=FORCED,
+    proto = GenerationInput(model="m", sampling=SamplingRequest(), tools=[TOOL], tool_choice=FORCED,
                             guide=llm_pb2.Guide(json_object=True)).proto()
     assert proto.chat.tool_choice.mode == "required" and proto.guide.json_object
     answer = responses.generation_input(responses.ResponseRequest.model_validate({
@@ -24,18 +24,19 @@ def test_a_forced_call_and_a_format_travel_together() -> None:
 
 
 def test_sampling_leaves_unset_fields_to_the_model_and_carries_large_seeds_as_int64() -> None:
-    proto = GenerationInput(model="m", sampling=Sampling(seed=2**64 - 1, top_k=-1, stop=["x"])).proto()
+    proto = GenerationInput(model="m", sampling=SamplingRequest(seed=2**64 - 1, top_k=-1, stop=["x"])).proto()
     assert proto.seed == -1 and proto.top_k == 0 and list(proto.stop) == ["x"] and proto.n == 1
     for field in ("temperature", "top_p", "max_tokens", "repetition_penalty", "do_sample"):
         assert not proto.HasField(field), field
 
 
 def test_a_conversation_or_prompts_one_input() -> None:
-    chat = GenerationInput(model="m", sampling=Sampling(), messages=[llm_pb2.ChatMessage(role="user", content="hi")],
-                           tools=[TOOL]).proto()
+    chat = GenerationInput(model="m", sampling=SamplingRequest(),
+                           messages=[llm_pb2.ChatMessage(role="user", content="hi")], tools=[TOOL]).proto()
     assert chat.WhichOneof("input") == "chat" and chat.chat.tool_choice.mode == "auto"
     assert not chat.chat.HasField("parallel_tool_calls")
-    prompts = GenerationInput(model="m", sampling=Sampling(), prompts=[llm_pb2.Prompt(text="x")], echo=True).proto()
+    prompts = GenerationInput(model="m", sampling=SamplingRequest(), prompts=[llm_pb2.Prompt(text="x")],
+                              echo=True).proto()
     assert prompts.WhichOneof("input") == "prompts" and prompts.echo
 
 

@@ -1,4 +1,4 @@
-"""Image input: the edge's loading and checks (edge/endpoints/images.py: `data:` URLs, fetching from allowed
+"""Image input: the edge's loading and checks (edge/images.py: `data:` URLs, fetching from allowed
 hosts through a real local HTTP server, private addresses, redirects, limits), where chat and Responses
 name each image, and the service's side (the template's content parts, vLLM's `image` tensor)."""
 
@@ -16,9 +16,9 @@ import pytest
 from PIL import Image
 
 from edge.endpoints.chat import ChatCompletionRequest, generation_input
-from edge.endpoints.common import ParamError
-from edge.endpoints.images import ImageLimits, attach, load_image, sniff
 from edge.endpoints.response_input import chat_json, from_chat_json, input_messages
+from edge.errors import ParamError
+from edge.images import ImageLimits, attach, load_image, sniff
 from services.llm.backends import Sampling
 from services.llm.tools import template_messages
 from services.llm.vllm import Vllm

@@ -15,15 +15,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from edge.endpoints.images import PendingImage
+from edge.images import PendingImage
 from tritongate.llm.v1 import llm_pb2
 
 INT64_LIMIT = 2**63  # seeds from 2^63 to 2^64 - 1 (OpenAI allows them) travel as their int64 bit pattern
 
 
 @dataclass(frozen=True, slots=True)
-class Sampling:
-    """How to sample; None leaves the model's default (the proto's optional field stays unset)."""
+class SamplingRequest:
+    """How the client asked to sample; None leaves the model's default (the proto's optional field stays
+    unset). The llm service resolves it into the backend's own `Sampling`."""
 
     max_tokens: int | None = None
     temperature: float | None = None
@@ -68,7 +69,7 @@ class GenerationInput:
     output format) or raw `prompts` (completions), how to sample, and how to answer."""
 
     model: str
-    sampling: Sampling
+    sampling: SamplingRequest
     messages: Sequence[llm_pb2.ChatMessage] = ()
     prompts: Sequence[llm_pb2.Prompt] = ()
     images: Sequence[PendingImage] = ()  # the messages' images, loaded into them before the request is sent

@@ -27,7 +27,7 @@ from urllib.parse import unquote_to_bytes
 
 import httpx
 
-from edge.endpoints.common import ParamError
+from edge.errors import ParamError
 from tritongate.common.v1 import common_pb2
 from tritongate.llm.v1 import llm_pb2
 from tritongate.settings import Settings
