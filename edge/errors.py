@@ -53,13 +53,16 @@ _ANTHROPIC_TYPES = {401: "authentication_error", 403: "permission_error", 404: "
 
 
 class ParamError(ValueError):
-    """A request breaks a rule; `param` names the offending parameter (OpenAI's `error.param`)."""
+    """A request breaks a rule; `param` names the offending parameter (OpenAI's `error.param`). Raised in a
+    request model's validator, it becomes a validation error that `from_validation` reads; its status is 400
+    unless the rule's API says otherwise (TEI's batch limit: 413)."""
 
-    def __init__(self, message: str, param: str | None = None, code: str | None = None) -> None:
+    def __init__(self, message: str, param: str | None = None, code: str | None = None, status: int = 400) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
         self.code = code
+        self.status = status
 
 
 def anthropic_route(path: str) -> bool:
@@ -161,7 +164,9 @@ def from_validation(exc: RequestValidationError) -> OpenAIError:
         message = message.removeprefix("Value error, ")
     elif param:
         message = f"Invalid value for '{param}': {message}"
-    return bad_request(message, param, rule.code if isinstance(rule, ParamError) else None)
+    if isinstance(rule, ParamError):
+        return OpenAIError(rule.status, message, param, rule.code)
+    return bad_request(message, param)
 
 
 def as_openai_error(exc: Exception) -> OpenAIError:
@@ -170,7 +175,7 @@ def as_openai_error(exc: Exception) -> OpenAIError:
     if isinstance(exc, OpenAIError):
         return exc
     if isinstance(exc, ParamError):
-        return bad_request(exc.message, exc.param, exc.code)
+        return OpenAIError(exc.status, exc.message, exc.param, exc.code)
     if isinstance(exc, RequestValidationError):
         return from_validation(exc)
     if isinstance(exc, StarletteHTTPException):

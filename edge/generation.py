@@ -1,9 +1,10 @@
-"""The one input of every generation front end: chat, completions, Responses and LMDeploy's interactive
-chat each convert their own request straight into a `GenerationInput`, and the generation path
-(edge/streaming.py) sends its GenerateRequest to the llm service.
+"""The one input of every generation front end: chat, completions, Responses, Anthropic's Messages and
+LMDeploy's interactive chat each convert their own request straight into a `GenerationInput`, and the
+generation path (edge/streaming.py) sends its GenerateRequest to the llm service.
 
 A front end validates its request under its own names (pydantic, and `ParamError`s naming the client's
-own parameter path, such as `input[3].content`), and never passes through another endpoint's request.
+own parameter path, such as `input[3].content`), every rule while validating, so that converting the
+validated request cannot fail; it never passes through another endpoint's request.
 What the llm service refuses is named by the GenerateRequest's fields (`max_tokens`, `response_format`,
 `messages`, ...): `names` maps each to what this front end's client calls it, so that the refusal names
 the client's parameter too (edge/clients.py applies it to the service's errors).

@@ -91,5 +91,13 @@ def text_or_token_batch(value: Any, param: str, empty_strings: bool) -> list[str
     raise ParamError(f"'{param}' must be {BATCH_SHAPES}", param)
 
 
+def check_count(items: int, most: int, param: str, per_request: bool = False) -> None:
+    """One of the edge's per-request limits (edge/app_state.py, `limits_of`): more than `most` items of
+    `param` are refused."""
+    if items > most:
+        per = " per request" if per_request else ""
+        raise ParamError(f"'{param}' has {items} items; at most {most} are allowed{per}.", param)
+
+
 def token_ids(ids: list[int]) -> common_pb2.TokenIds:
     return common_pb2.TokenIds(ids=ids)

@@ -11,14 +11,15 @@ its schemas declared in edge/endpoints/message_schemas.py.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated, Any, Self
 
-from pydantic import Field, WithJsonSchema, field_validator, model_validator
+from pydantic import Field, PrivateAttr, WithJsonSchema, field_validator, model_validator
 
 from edge.endpoints.common import UINT32_MAX, OpenAIRequest
 from edge.endpoints.llm_common import TopP, stop_list
 from edge.endpoints.message_input import Conversation, chat_messages, system_text
-from edge.endpoints.tools import tool_list
+from edge.endpoints.tools import Tooling, tool_list
 from edge.errors import ParamError
 from edge.generation import GenerationInput, SamplingRequest
 from tritongate.llm.v1 import llm_pb2
@@ -66,13 +67,21 @@ def tool_choice(value: Any, tools: list[llm_pb2.Tool]) -> tuple[llm_pb2.ToolChoi
     return llm_pb2.ToolChoice(mode="required" if kind == "any" else str(kind)), parallel
 
 
-def thinking_switch(value: Any) -> bool | None:
-    """`thinking` ({type: enabled, budget_tokens} or {type: disabled}) as the template's `enable_thinking`."""
+@dataclass(frozen=True)
+class Thinking:
+    """`thinking`, checked: the chat template's `enable_thinking`, and the budget it was given."""
+
+    enabled: bool
+    budget_tokens: int = 0
+
+
+def thinking_of(value: Any) -> Thinking | None:
+    """`thinking`: {type: enabled, budget_tokens} or {type: disabled}."""
     if value is None:
         return None
     kind = value.get("type") if isinstance(value, dict) else None
     if kind == "disabled":
-        return False
+        return Thinking(enabled=False)
     if kind != "enabled":
         raise ParamError("'thinking' must be an object with type 'enabled' (and 'budget_tokens') or 'disabled'",
                          "thinking")
@@ -80,7 +89,7 @@ def thinking_switch(value: Any) -> bool | None:
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < MIN_THINKING_BUDGET:
         raise ParamError(f"'thinking.budget_tokens' must be an integer of at least {MIN_THINKING_BUDGET}",
                          "thinking.budget_tokens")
-    return True
+    return Thinking(enabled=True, budget_tokens=budget)
 
 
 class Metadata(OpenAIRequest):
@@ -96,6 +105,7 @@ class MessagesInput(OpenAIRequest):
     tools: ToolsJson = None
     tool_choice: ToolChoiceJson = None
     thinking: ThinkingJson = None
+    _tooling: Tooling = PrivateAttr(default_factory=Tooling)  # tools and tool_choice, checked
 
     @field_validator("messages")
     @classmethod
@@ -109,9 +119,21 @@ class MessagesInput(OpenAIRequest):
 
     @field_validator("thinking")
     @classmethod
-    def _thinking(cls, value: Any) -> Any:
-        thinking_switch(value)
-        return value
+    def _thinking(cls, value: Any) -> Thinking | None:
+        return thinking_of(value)
+
+    @model_validator(mode="after")
+    def _rules(self) -> Self:
+        return self._with_tools()
+
+    def _with_tools(self) -> Self:
+        tools = tool_list(self.tools, "tools", "anthropic") if self.tools is not None else []
+        self._tooling = Tooling(tools, *tool_choice(self.tool_choice, tools))
+        return self
+
+    @property
+    def tooling(self) -> Tooling:
+        return self._tooling
 
 
 class MessagesRequest(MessagesInput):
@@ -133,18 +155,16 @@ class MessagesRequest(MessagesInput):
         return None if value is None else stop_list(value, "stop_sequences")
 
     @model_validator(mode="after")
-    def _budget(self) -> Self:
-        if thinking_switch(self.thinking) and self.thinking["budget_tokens"] >= self.max_tokens:
+    def _rules(self) -> Self:  # in place of MessagesInput's: the budget is checked before the tools
+        checked: Thinking | None = self.thinking
+        if checked is not None and checked.enabled and checked.budget_tokens >= self.max_tokens:
             raise ParamError("'thinking.budget_tokens' must be less than 'max_tokens'", "thinking.budget_tokens")
-        return self
+        return self._with_tools()
 
 
 def generation_input(body: MessagesInput) -> GenerationInput:
     """The generation that answers `body` (a token count: the same input, never sent to generate)."""
-    tools = tool_list(body.tools, "tools", "anthropic") if body.tools is not None else []
-    choice, parallel = tool_choice(body.tool_choice, tools)
     system = [llm_pb2.ChatMessage(role="system", content=body.system)] if body.system else []
-    thinking = thinking_switch(body.thinking)
     sampling = SamplingRequest()
     stream = False
     if isinstance(body, MessagesRequest):
@@ -152,10 +172,12 @@ def generation_input(body: MessagesInput) -> GenerationInput:
                                    top_k=body.top_k, stop=body.stop_sequences or ())
         stream = bool(body.stream)
     conversation: Conversation = body.messages
+    thinking: Thinking | None = body.thinking
+    tooling = body.tooling
     return GenerationInput(model=body.model, messages=[*system, *conversation.messages], images=conversation.images,
-                           sampling=sampling, stream=stream,
-                           tools=tools, tool_choice=choice, parallel_tool_calls=parallel,
-                           template_variables={} if thinking is None else {"enable_thinking": thinking}, names=NAMES)
+                           sampling=sampling, stream=stream, tools=tooling.tools, tool_choice=tooling.choice,
+                           parallel_tool_calls=tooling.parallel, names=NAMES,
+                           template_variables={} if thinking is None else {"enable_thinking": thinking.enabled})
 
 
 class CountTokensRequest(MessagesInput):

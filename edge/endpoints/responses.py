@@ -15,16 +15,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
 import orjson
-from pydantic import Field, WithJsonSchema, field_validator
+from pydantic import Field, PrivateAttr, WithJsonSchema, field_validator, model_validator
 
 from edge.endpoints.chat import ReasoningEffort
 from edge.endpoints.common import UINT32_MAX, OpenAIRequest
 from edge.endpoints.llm_common import Temperature, TopP
 from edge.endpoints.response_input import InputMessages, Message, from_chat_json, input_messages
-from edge.endpoints.tools import response_guide, tool_choice, tool_list
+from edge.endpoints.tools import Tooling, response_guide, tool_choice, tool_list
 from edge.errors import OpenAIError, bad_request
 from edge.generation import GenerationInput, SamplingRequest
 from edge.images import PendingImage
@@ -65,10 +65,24 @@ class ResponseRequest(OpenAIRequest):
     user: str | None = None
     reasoning: ReasoningOptions | None = None
 
+    _tooling: Tooling = PrivateAttr(default_factory=Tooling)  # tools, tool_choice and text.format, checked
+
     @field_validator("input")
     @classmethod
     def _input(cls, value: Any) -> InputMessages:
         return input_messages(value)
+
+    @model_validator(mode="after")
+    def _tools(self) -> Self:
+        tools = tool_list(self.tools, "tools", "flat") if self.tools else []
+        self._tooling = Tooling(tools, tool_choice(self.tool_choice, tools, "tool_choice", "flat"),
+                                self.parallel_tool_calls,
+                                response_guide((self.text or {}).get("format"), "text.format", nested=None))
+        return self
+
+    @property
+    def tooling(self) -> Tooling:
+        return self._tooling
 
     @property
     def messages(self) -> list[llm_pb2.ChatMessage]:
@@ -82,15 +96,13 @@ class ResponseRequest(OpenAIRequest):
 def generation_input(body: ResponseRequest, history: Sequence[llm_pb2.ChatMessage]) -> GenerationInput:
     """The generation that answers `body`, after the conversation `history`."""
     system = [llm_pb2.ChatMessage(role="system", content=body.instructions)] if body.instructions else []
-    tools = tool_list(body.tools, "tools", "flat") if body.tools else []
+    tooling = body.tooling
     return GenerationInput(
         model=body.model, messages=[*system, *history, *body.messages], images=body.images, stream=bool(body.stream),
         sampling=SamplingRequest(max_tokens=body.max_output_tokens, temperature=body.temperature, top_p=body.top_p),
-        tools=tools, tool_choice=tool_choice(body.tool_choice, tools, "tool_choice", "flat"),
-        parallel_tool_calls=body.parallel_tool_calls,
-        guide=response_guide((body.text or {}).get("format"), "text.format", nested=None), names=NAMES,
-        template_variables={"reasoning_effort": body.reasoning.effort} if body.reasoning and body.reasoning.effort
-        else {})
+        tools=tooling.tools, tool_choice=tooling.choice, parallel_tool_calls=tooling.parallel, guide=tooling.guide,
+        names=NAMES, template_variables={"reasoning_effort": body.reasoning.effort}
+        if body.reasoning and body.reasoning.effort else {})
 
 
 @dataclass

@@ -9,11 +9,11 @@ from typing import Annotated, Any, Self
 from fastapi import Request
 from pydantic import Field, model_validator
 
-from edge.api_router import parse_body
 from edge.endpoints.chat import ChatMessage
 from edge.endpoints.common import UINT32_MAX, OpenAIRequest, ResponseModel
 from edge.endpoints.tei import TEITokenizeRequest
 from edge.errors import ParamError, tei_body, use_error_body
+from edge.lean import parse_body
 from tritongate.common.v1 import tokenizer_pb2
 
 
@@ -48,8 +48,8 @@ def either_request(body: dict[str, Any], request: Request) -> TokenizeRequest | 
     in TEI's shape), else vLLM's."""
     if "inputs" in body:
         use_error_body(request, tei_body)
-        return parse_body(TEITokenizeRequest, body)
-    return parse_body(TokenizeRequest, body)
+        return parse_body(TEITokenizeRequest, body, request)
+    return parse_body(TokenizeRequest, body, request)
 
 
 class DetokenizeRequest(OpenAIRequest):

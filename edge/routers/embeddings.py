@@ -19,6 +19,6 @@ async def create_embeddings(body: embeddings.EmbeddingRequest, request: Request)
     state = edge_state(request)
     client = state.clients.embed
     model = body.model or await client.directory.default(client.service, state.settings.default_embedding_model)
-    proto = embeddings.to_proto(body, model, state.settings.max_embedding_inputs)
+    proto = embeddings.to_proto(body, model)
     response = await until_disconnected(request, client.embed(proto))
     return Response(embeddings.to_json(response, body.encoding_format), media_type="application/json")

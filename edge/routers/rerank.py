@@ -25,9 +25,8 @@ def _json(payload: Any) -> Response:
 @router.post("/v1/rerank", responses=ok(rerank.RerankResponse))
 @router.post("/v2/rerank", responses=ok(rerank.RerankResponse))
 async def rerank_documents(body: rerank.RerankRequest, request: Request) -> Response:
-    state = edge_state(request)
-    proto = rerank.to_proto(body, state.settings.max_rerank_documents)
-    return _json(rerank.response(body, await until_disconnected(request, state.clients.rerank.rerank(proto))))
+    answer = await until_disconnected(request, edge_state(request).clients.rerank.rerank(rerank.to_proto(body)))
+    return _json(rerank.response(body, answer))
 
 
 @router.post("/rerank", responses={**ok(rerank.RerankResponse | rerank.TEIRerankResponse), **EITHER_ERRORS})
@@ -40,13 +39,12 @@ async def rerank_any(body: Annotated[dict[str, Any], WithJsonSchema(rerank.EITHE
     state = edge_state(request)
     client = state.clients.rerank
     model = parsed.model or await client.directory.default(client.service, state.settings.default_rerank_model)
-    proto = rerank.tei_to_proto(parsed, model, state.settings.max_rerank_documents)
-    return _json(rerank.tei_response(parsed, await until_disconnected(request, client.rerank(proto))))
+    answer = await until_disconnected(request, client.rerank(rerank.tei_to_proto(parsed, model)))
+    return _json(rerank.tei_response(parsed, answer))
 
 
 @router.post("/v1/ranking", responses=ok(rerank.RankingResponse))
 async def rank_passages(body: rerank.RankingRequest, request: Request) -> Response:
     """NVIDIA NIM's reranking API (LangChain's NVIDIARerank posts here)."""
-    state = edge_state(request)
-    proto = rerank.ranking_proto(body, state.settings.max_rerank_documents)
-    return _json(rerank.ranking_response(await until_disconnected(request, state.clients.rerank.rerank(proto))))
+    answer = await until_disconnected(request, edge_state(request).clients.rerank.rerank(rerank.ranking_proto(body)))
+    return _json(rerank.ranking_response(answer))

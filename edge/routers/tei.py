@@ -41,6 +41,6 @@ async def model_info(request: Request) -> Response:
 async def embed(body: tei.TEIEmbedRequest, request: Request) -> Response:
     state = edge_state(request)
     model = body.model or await embedding_model(state)
-    proto = tei.embed_proto(body, model, state.settings.max_embedding_inputs)
+    proto = tei.embed_proto(body, model)
     return Response(tei.embed_json(await until_disconnected(request, state.clients.embed.embed(proto))),
                     media_type="application/json")

@@ -41,19 +41,21 @@ def test_a_conversation_or_prompts_one_input() -> None:
 
 
 def test_responses_convert_straight_into_the_input() -> None:
-    body = responses.ResponseRequest.model_validate({
+    fields = {
         "model": "m", "instructions": "Be brief.", "input": [{"role": "developer", "content": "Use metric."},
                                                              {"role": "user", "content": "hi"}],
         "max_output_tokens": 5, "temperature": 0, "parallel_tool_calls": False,
         "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}],
-        "tool_choice": "auto", "text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "object"}}}})
+        "tool_choice": "auto", "text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "object"}}}}
+    body = responses.ResponseRequest.model_validate(fields)
     history = [llm_pb2.ChatMessage(role="user", content="before")]
     proto = responses.generation_input(body, history).proto()
     assert [(m.role, m.content) for m in proto.chat.messages] == [
         ("system", "Be brief."), ("user", "before"), ("system", "Use metric."), ("user", "hi")]
     assert proto.max_tokens == 5 and proto.HasField("temperature") and proto.chat.parallel_tool_calls is False
     assert [t.name for t in proto.chat.tools] == ["f"] and proto.chat.tool_choice.mode == "auto"
-    named = body.model_copy(update={"tool_choice": {"type": "function", "name": "f"}, "text": None})
+    named = responses.ResponseRequest.model_validate({**fields, "tool_choice": {"type": "function", "name": "f"},
+                                                     "text": None})
     assert responses.generation_input(named, []).proto().chat.tool_choice.function == "f"
     assert proto.guide.json_schema == '{"type":"object"}'
 
