@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import secrets
 from collections.abc import AsyncIterator, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, Self
 
 import orjson
@@ -32,7 +32,7 @@ from edge.endpoints.common import UINT32_MAX, OpenAIRequest, ResponseModel
 from edge.endpoints.llm_common import Collected, RepetitionPenalty, Seed, Stop, Temperature, TopK, TopP, stop_list
 from edge.errors import OpenAIError, ParamError, as_openai_error
 from edge.generation import GenerationInput, SamplingRequest
-from edge.state import StoreUnavailable
+from edge.state import StoreUnavailable, conversation
 from edge.streaming import Answer, run
 from tritongate.common.v1 import common_pb2
 from tritongate.llm.v1 import llm_pb2
@@ -80,10 +80,10 @@ class InteractiveRequest(OpenAIRequest):
         return self
 
     @property
-    def messages(self) -> list[dict[str, str]]:
+    def messages(self) -> list[llm_pb2.ChatMessage]:
         if isinstance(self.prompt, str):
-            return [{"role": "user", "content": self.prompt}]
-        return [{"role": m.role, "content": m.content} for m in self.prompt]
+            return [llm_pb2.ChatMessage(role="user", content=self.prompt)]
+        return [llm_pb2.ChatMessage(role=m.role, content=m.content) for m in self.prompt]
 
 
 class InteractiveResponse(ResponseModel):
@@ -107,16 +107,25 @@ RESPONSES: dict[int | str, dict[str, Any]] = {200: {
 
 @dataclass
 class Session:
+    """A session's conversation as the generation takes it, kept in the state store (edge/state/conversation.py)."""
+
     model: str
-    messages: list[dict[str, str]] = field(default_factory=list)
+    messages: list[llm_pb2.ChatMessage] = field(default_factory=list)
     tokens: int = 0  # the conversation so far, as the model sees it
 
     def encoded(self) -> bytes:
-        return orjson.dumps(asdict(self))
+        return conversation.encode(orjson.dumps({"model": self.model, "tokens": self.tokens}), self.messages)
 
     @classmethod
     def decoded(cls, value: bytes) -> Session:
-        return cls(**orjson.loads(value))
+        stored = conversation.decode(value)
+        if stored is None:  # as the edge's previous version kept it: its messages in JSON, text only
+            fields = orjson.loads(value)
+            return cls(fields["model"], [llm_pb2.ChatMessage(role=m["role"], content=m["content"])
+                                         for m in fields["messages"]], fields["tokens"])
+        head, messages = stored
+        fields = orjson.loads(head)
+        return cls(fields["model"], messages, fields["tokens"])
 
 
 class TurnCancelled(Exception):
@@ -165,8 +174,8 @@ def generation_input(body: InteractiveRequest, session: Session) -> GenerationIn
     sampling = SamplingRequest(max_tokens=body.request_output_len, temperature=body.temperature, top_p=body.top_p,
                                top_k=body.top_k, repetition_penalty=body.repetition_penalty, ignore_eos=body.ignore_eos,
                                skip_special_tokens=body.skip_special_tokens, stop=body.stop or (), seed=body.seed)
-    messages = [llm_pb2.ChatMessage(role=m["role"], content=m["content"]) for m in [*session.messages, *body.messages]]
-    return GenerationInput(model=session.model, sampling=sampling, messages=messages, stream=body.stream, names=NAMES)
+    return GenerationInput(model=session.model, sampling=sampling, messages=[*session.messages, *body.messages],
+                           stream=body.stream, names=NAMES)
 
 
 def json_answer(payload: dict[str, Any]) -> Response:
@@ -196,7 +205,7 @@ class Turn:
         self.session = session
         self.sessions = sessions
         self.history_tokens = session.tokens
-        self.exchange: list[dict[str, str]] = []  # what the finished turn adds to the session
+        self.exchange: list[llm_pb2.ChatMessage] = []  # what the finished turn adds to the session
         self.added_tokens = 0
         self.cancelled = False
         self._watcher: asyncio.Task[None] | None = None
@@ -241,7 +250,7 @@ class Turn:
 
     def finished(self, text: str, finish_reason: str, usage: common_pb2.Usage) -> dict[str, Any]:
         """The last answer; `persist` then adds the exchange to the session, or ends it."""
-        self.exchange = [*self.body.messages, {"role": "assistant", "content": text}]
+        self.exchange = [*self.body.messages, llm_pb2.ChatMessage(role="assistant", content=text)]
         self.added_tokens = usage.prompt_tokens + usage.completion_tokens - self.history_tokens
         return answer(text, self.session_id, finish_reason, usage.completion_tokens,
                       max(usage.prompt_tokens - self.history_tokens, 0), self.history_tokens)

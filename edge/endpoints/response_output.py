@@ -15,7 +15,6 @@ from typing import Any
 import orjson
 
 from edge.endpoints.llm_common import Collected
-from edge.endpoints.response_input import Message, chat_json
 from edge.endpoints.responses import ResponseRequest, Stored
 from edge.state import Space
 from tritongate.common.v1 import common_pb2
@@ -75,15 +74,13 @@ def output_items(choice: Collected, status: str) -> list[dict[str, Any]]:
     return [*thinking, *message, *(call_item(_item_id("fc"), call, status) for call in choice.tool_calls)]
 
 
-def assistant_message(output: list[dict[str, Any]]) -> Message:
-    """The output as the chat message that continues a stored conversation."""
+def assistant_message(output: list[dict[str, Any]]) -> llm_pb2.ChatMessage:
+    """The output as the chat message that continues a stored conversation (a call without arguments
+    has `{}`)."""
     text = "".join(part["text"] for item in output if item["type"] == "message" for part in item["content"])
-    calls = [{"id": item["call_id"], "type": "function", "function": {"name": item["name"],
-                                                                      "arguments": item["arguments"]}}
+    calls = [llm_pb2.ToolCall(id=item["call_id"], name=item["name"], arguments=item["arguments"] or "{}")
              for item in output if item["type"] == "function_call"]
-    if not calls:
-        return {"role": "assistant", "content": text}
-    return {"role": "assistant", "content": text or None, "tool_calls": calls}
+    return llm_pb2.ChatMessage(role="assistant", content=text, tool_calls=calls)
 
 
 class ResponseRecorder:
@@ -126,7 +123,7 @@ class ResponseRecorder:
         response = self.snapshot(head, status, output, _usage(usage))
         response["completed_at"] = int(time.time()) if status == "completed" else None
         if self.body.store is not False:
-            self.finished_response = Stored(response, [*map(chat_json, self.conversation), assistant_message(output)])
+            self.finished_response = Stored(response, [*self.conversation, assistant_message(output)])
         return response
 
     async def persist(self) -> None:

@@ -23,12 +23,12 @@ from pydantic import Field, PrivateAttr, WithJsonSchema, field_validator, model_
 from edge.endpoints.chat import ReasoningEffort
 from edge.endpoints.common import UINT32_MAX, OpenAIRequest
 from edge.endpoints.llm_common import Temperature, TopP
-from edge.endpoints.response_input import InputMessages, Message, from_chat_json, input_messages
+from edge.endpoints.response_input import InputMessages, input_messages
 from edge.endpoints.tools import Tooling, response_guide, tool_choice, tool_list
 from edge.errors import OpenAIError, bad_request
 from edge.generation import GenerationInput, SamplingRequest
 from edge.images import PendingImage
-from edge.state import Space
+from edge.state import Space, conversation
 from tritongate.llm.v1 import llm_pb2
 
 # The generation's parameters under their Responses names, for what the llm service refuses.
@@ -108,18 +108,23 @@ def generation_input(body: ResponseRequest, history: Sequence[llm_pb2.ChatMessag
 @dataclass
 class Stored:
     """A stored Response and the conversation that continues from it (without its instructions, which
-    OpenAI does not carry over to the next response)."""
+    OpenAI does not carry over to the next response), as the generation takes it
+    (edge/state/conversation.py). An entry that the edge's previous version wrote has no conversation here
+    (None): a follow-up finds it expired."""
 
     response: dict[str, Any]
-    conversation: list[Message]
+    conversation: list[llm_pb2.ChatMessage] | None
 
     def encoded(self) -> bytes:
-        return orjson.dumps({"response": self.response, "conversation": self.conversation})
+        return conversation.encode(orjson.dumps(self.response), self.conversation or ())
 
     @classmethod
     def decoded(cls, value: bytes) -> Stored:
-        fields = orjson.loads(value)
-        return cls(fields["response"], fields["conversation"])
+        stored = conversation.decode(value)
+        if stored is None:
+            return cls(orjson.loads(value)["response"], None)
+        head, messages = stored
+        return cls(orjson.loads(head), messages)
 
 
 async def stored(store: Space, response_id: str) -> Stored | None:
@@ -131,10 +136,10 @@ async def history(body: ResponseRequest, store: Space) -> list[llm_pb2.ChatMessa
     if body.previous_response_id is None:
         return []
     previous = await stored(store, body.previous_response_id)
-    if previous is None:
+    if previous is None or previous.conversation is None:
         raise bad_request(f"Previous response with id '{body.previous_response_id}' not found.",
                           "previous_response_id", "previous_response_not_found")
-    return [from_chat_json(message) for message in previous.conversation]
+    return previous.conversation
 
 
 def not_found(response_id: str) -> OpenAIError:

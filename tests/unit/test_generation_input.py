@@ -3,6 +3,8 @@ the GenerateRequest it becomes."""
 
 from __future__ import annotations
 
+import json
+
 from edge.endpoints import chat, completions, interactive, responses
 from edge.generation import GenerationInput, SamplingRequest
 from tritongate.llm.v1 import llm_pb2
@@ -63,12 +65,23 @@ def test_responses_convert_straight_into_the_input() -> None:
 def test_interactive_turns_convert_straight_into_the_input() -> None:
     body = interactive.InteractiveRequest.model_validate({"prompt": "again", "request_output_len": 3, "top_k": 40,
                                                           "stop": "x", "seed": 7})
-    session = interactive.Session("m", [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}])
+    session = interactive.Session("m", [llm_pb2.ChatMessage(role="user", content="hi"),
+                                        llm_pb2.ChatMessage(role="assistant", content="yo")])
     generation = interactive.generation_input(body, session)
     proto = generation.proto()
     assert [m.content for m in proto.chat.messages] == ["hi", "yo", "again"]
     assert (proto.max_tokens, proto.top_k, list(proto.stop), proto.seed) == (3, 40, ["x"], 7)
     assert generation.param("max_tokens") == "request_output_len" and generation.param("n") == "n"
+
+
+def test_a_session_is_stored_as_the_generations_own_messages() -> None:
+    """Read back with no validation; one stored by the previous version (JSON) reads back the same."""
+    session = interactive.Session("m", [llm_pb2.ChatMessage(role="user", content="hi"),
+                                        llm_pb2.ChatMessage(role="assistant", content="yo")], tokens=5)
+    assert interactive.Session.decoded(session.encoded()) == session
+    previous = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"},
+                                                      {"role": "assistant", "content": "yo"}], "tokens": 5})
+    assert interactive.Session.decoded(previous.encode()) == session
 
 
 def test_num_beams_and_best_of_with_use_beam_search_become_the_beam_width() -> None:

@@ -314,7 +314,7 @@ async def streamed(turn: interactive.Turn, generation: Generation, failure: Exce
 async def interactive_cases() -> list[Case]:
     sessions = Sessions(MemoryStore().space("sessions", Limits(10, 60)),
                                     MemoryStore().space("cancels", Limits(10, 60)))
-    session = interactive.Session("m", [{"role": "user", "content": "before"}], tokens=3)
+    session = interactive.Session("m", [llm_pb2.ChatMessage(role="user", content="before")], tokens=3)
 
     def turn(stream: bool) -> interactive.Turn:
         body = interactive.InteractiveRequest.model_validate({"prompt": "hi", "session_id": 7, "stream": stream})
