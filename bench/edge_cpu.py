@@ -83,7 +83,7 @@ served = app.router.lifespan_context
 @asynccontextmanager
 async def lifespan(app):
     async with served(app):
-        clients = app.state.clients
+        clients = app.state.edge.clients
         clients.embed.coalescer.calls.unary, clients.embed.coalescer.calls.batch = unary, batch
         clients.llm.stub.Generate = Generate
         clients.directory.route = any_model

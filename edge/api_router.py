@@ -15,9 +15,8 @@ from typing import Any, Literal
 
 import orjson
 from fastapi import APIRouter, Request, Response
-from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 
 
 class ErrorObject(BaseModel):
@@ -94,16 +93,6 @@ class StrictJSONRoute(APIRoute):
             return await handler(StrictJSONRequest(request.scope, request.receive))
 
         return strict
-
-
-def parse_body(model: type[BaseModel], body: Any) -> Any:
-    """`body` as `model`, failing as FastAPI's own validation of a declared body would (for a route whose
-    body is one of several APIs', told apart by its fields)."""
-    try:
-        return model.model_validate(body)
-    except ValidationError as exc:
-        errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)]
-        raise RequestValidationError(errors, body=body) from None
 
 
 def api_router(errors: dict[int | str, dict[str, Any]] = ERROR_RESPONSES, **kwargs: Any) -> APIRouter:

@@ -10,9 +10,8 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from edge.app_state import EdgeState
 from edge.auth import install_auth
-from edge.clients import ServiceClients
-from edge.endpoints.interactive import Sessions
 from edge.errors import install_error_handlers
 from edge.lean import LeanRoutes
 from edge.limits import BodySizeLimit
@@ -30,13 +29,12 @@ from edge.routers import (
     tei,
     tokenize,
 )
-from edge.state import Limits, open_store
+from edge.state import open_store
 from edge.telemetry import install_metrics
 from tritongate.settings import Settings, get_settings
 from tritongate.tls import client_tls
 
 log = logging.getLogger(__name__)
-CANCEL_TTL_S = 60.0  # an interactive `cancel` waits this long for the turn it stops to notice it
 
 # FastAPI's own OpenTelemetry layer (newer releases) asks on every request whether a provider is set: the
 # edge has its metrics (edge/telemetry.py) and its tracing (TRITONGATE_OTEL, tritongate/tracing.py), so off.
@@ -51,20 +49,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        # Read only through the typed dependencies of edge/deps.py.
-        app.state.settings = settings
-        app.state.clients = clients = ServiceClients.open(settings)
         store = open_store(settings.state_url)
         log.info("state shared through %s", store.name)
-        app.state.responses = store.space("responses", Limits(settings.responses_store_max,
-                                                              settings.responses_store_ttl_s))
-        sessions = Limits(settings.interactive_max_sessions, settings.interactive_session_ttl_s)
-        app.state.sessions = Sessions(store.space("sessions", sessions),
-                                      store.space("cancels", Limits(sessions.max_entries, CANCEL_TTL_S)))
+        app.state.edge = state = EdgeState.open(settings, store)  # read through `edge_state` (edge/app_state.py)
         try:
             yield
         finally:
-            await clients.close()
+            await state.clients.close()
             await store.close()
 
     app = FastAPI(
@@ -75,13 +66,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         **_NO_NATIVE_TELEMETRY,
     )
     install_error_handlers(app)
-    for module in (models, chat, completions, embeddings, rerank, tei, responses, messages, interactive, tokenize,
-                   health, playground):
-        app.include_router(module.router)
-    app.include_router(tei.info_router)
-    # Innermost, inside the body limit, the keys and the metrics: the hot routes without FastAPI's machinery.
-    app.add_middleware(LeanRoutes, routers=(chat.router, completions.router, embeddings.router, rerank.router,
-                                              tei.router))
+    routers = [module.router for module in (models, chat, completions, embeddings, rerank, tei, responses, messages,
+                                            interactive, tokenize, health, playground)]
+    for router in (*routers, tei.info_router, responses.stored_router):
+        app.include_router(router)
+    # Innermost, inside the body limit, the keys and the metrics: every JSON route without FastAPI's machinery.
+    app.add_middleware(LeanRoutes, routers=routers)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     install_auth(app, settings)  # outside the body limit: a request without a key is refused unread
     install_metrics(app, settings.access_log)

@@ -4,8 +4,8 @@ on the routes of another API whose clients read that API's shape (`body_of`): An
 "error_type"}). The status is the same whatever the shape.
 
 The one table below maps service gRPC codes to HTTP; the handlers turn validation failures, a broken
-request rule (`ParamError`, raised by the endpoint modules), HTTP errors and anything unexpected into the
-same body. Nothing else in the edge builds an error response.
+request rule (`ParamError`, which the endpoint modules' rules raise), HTTP errors and anything unexpected
+into the same body. Nothing else in the edge builds an error response.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from edge.endpoints.common import ParamError
 from edge.state import StoreUnavailable
 from tritongate.common.v1 import common_pb2
 from tritongate.logs import REQUEST_ID
@@ -51,6 +50,19 @@ ANTHROPIC_PATH = "/v1/messages"  # and the paths under it
 # any other 5xx an `api_error`. A service that is unavailable for a moment (503) is Anthropic's overload.
 _ANTHROPIC_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error",
                     413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error", 504: "timeout_error"}
+
+
+class ParamError(ValueError):
+    """A request breaks a rule; `param` names the offending parameter (OpenAI's `error.param`). Raised in a
+    request model's validator, it becomes a validation error that `from_validation` reads; its status is 400
+    unless the rule's API says otherwise (TEI's batch limit: 413)."""
+
+    def __init__(self, message: str, param: str | None = None, code: str | None = None, status: int = 400) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code
+        self.status = status
 
 
 def anthropic_route(path: str) -> bool:
@@ -152,7 +164,9 @@ def from_validation(exc: RequestValidationError) -> OpenAIError:
         message = message.removeprefix("Value error, ")
     elif param:
         message = f"Invalid value for '{param}': {message}"
-    return bad_request(message, param, rule.code if isinstance(rule, ParamError) else None)
+    if isinstance(rule, ParamError):
+        return OpenAIError(rule.status, message, param, rule.code)
+    return bad_request(message, param)
 
 
 def as_openai_error(exc: Exception) -> OpenAIError:
@@ -161,7 +175,7 @@ def as_openai_error(exc: Exception) -> OpenAIError:
     if isinstance(exc, OpenAIError):
         return exc
     if isinstance(exc, ParamError):
-        return bad_request(exc.message, exc.param, exc.code)
+        return OpenAIError(exc.status, exc.message, exc.param, exc.code)
     if isinstance(exc, RequestValidationError):
         return from_validation(exc)
     if isinstance(exc, StarletteHTTPException):

@@ -1,9 +1,9 @@
-"""Lean routes: the hot endpoints (chat, completions, embeddings, rerank) without FastAPI's per-request machinery.
+"""Lean routes: every route that takes a JSON body, without FastAPI's per-request machinery.
 
 FastAPI spends more CPU on a small request than the rest of the edge does: the router's search through
 every route, two exception and exit-stack middlewares, dependency resolution, its content-type parsing.
-A `LeanRoute`'s endpoint takes only `(body, request)` and reads the clients it needs off the app itself
-(edge/deps.py), so `LeanRoutes`, the innermost middleware, can serve it straight: exact path, a JSON
+A `LeanRoute`'s endpoint takes only `(body, request)` and reads what it needs from the edge's state
+(edge/app_state.py), so `LeanRoutes`, the innermost middleware, can serve it straight: exact path, a JSON
 body that parses and validates, the endpoint, its answer. The route stays an ordinary FastAPI route for
 /openapi.json and for everything else.
 
@@ -11,41 +11,78 @@ Anything off that path goes to FastAPI unchanged, the body replayed: a body that
 parse or does not validate gets FastAPI's own errors (edge/errors.py), so the error bodies are the same
 whichever way a request goes. An error the endpoint raises becomes its response through the same
 mapping the app's exception handlers use.
+
+Every body is validated with the edge's per-request limits as pydantic's validation context
+(`RequestLimits`, edge/app_state.py), so that a request model's validators check them and converting a
+validated request cannot fail.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import typing
 from collections.abc import Callable, Coroutine, Iterable
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 from fastapi import APIRouter, Request, Response
-from pydantic import TypeAdapter, ValidationError
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from edge.api_router import ERROR_RESPONSES, StrictJSONRoute
+from edge.app_state import validation_context
 from edge.errors import error_response
 
 Endpoint = Callable[[Any, Request], Coroutine[Any, Any, Response]]
+T = TypeVar("T")
+Model = TypeVar("Model", bound=BaseModel)
 _JSON_TYPES = (b"application/json", b"application/json; charset=utf-8")
 
 
 class LeanRoute(StrictJSONRoute):
-    """A route whose endpoint is `async def endpoint(body: <type>, request: Request) -> Response`."""
+    """A route whose endpoint is `async def endpoint(body: <type>, request: Request) -> Response`. Its body is
+    validated with the edge's per-request limits (pydantic's validation context) whichever way it comes:
+    FastAPI validates it without them, so on that way the endpoint gets it validated again, with them."""
 
     def __init__(self, path: str, endpoint: Callable[..., Any], **kwargs: Any) -> None:
-        super().__init__(path, endpoint, **kwargs)
         hints = typing.get_type_hints(endpoint, include_extras=True)
         if list(hints) != ["body", "request", "return"]:
             raise TypeError(f"{endpoint.__name__}: a lean endpoint takes (body, request) and nothing else")
         self.body = TypeAdapter(hints["body"])
         self.lean_endpoint: Endpoint = endpoint
 
+        async def with_limits(body: Any, request: Request) -> Response:
+            return await endpoint(validated(self.body.validate_python, await request.json(), request), request)
 
-def lean_router(**kwargs: Any) -> APIRouter:
-    """An APIRouter of lean routes, with OpenAI's error responses declared (as `api_router`)."""
-    return APIRouter(route_class=LeanRoute, responses=ERROR_RESPONSES, **kwargs)
+        functools.update_wrapper(with_limits, endpoint)  # FastAPI reads the signature, name and docstring
+        with_limits.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+            [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=hints[name])
+             for name in ("body", "request")], return_annotation=hints["return"])
+        super().__init__(path, with_limits, **kwargs)
+
+
+def validated(validate: Callable[..., T], value: Any, request: Request) -> T:
+    """`value` validated by `validate` (a model's or a type adapter's) with the edge's per-request limits;
+    a failure raised as FastAPI's own validation of a declared body raises it."""
+    try:
+        return validate(value, context=validation_context(request))
+    except ValidationError as exc:
+        errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)]
+        raise RequestValidationError(errors, body=value) from None
+
+
+def parse_body(model: type[Model], body: Any, request: Request) -> Model:
+    """`body` as `model`, validated as a lean route's body is (for a route whose body is one of several
+    APIs', told apart by its fields)."""
+    return validated(model.model_validate, body, request)
+
+
+def lean_router(errors: dict[int | str, dict[str, Any]] = ERROR_RESPONSES, **kwargs: Any) -> APIRouter:
+    """An APIRouter of lean routes, with its error responses declared (OpenAI's unless `errors`, as
+    `api_router`)."""
+    return APIRouter(route_class=LeanRoute, responses=errors, **kwargs)
 
 
 def _json_body(scope: Scope) -> bool:
@@ -71,13 +108,13 @@ class LeanRoutes:
             await self.app(scope, receive, send)
             return
         body = await _read(receive)
+        request = Request(scope, receive)
         try:
-            value = route.body.validate_python(orjson.loads(body))
+            value = route.body.validate_python(orjson.loads(body), context=validation_context(request))
         except (orjson.JSONDecodeError, ValidationError):
             await self.app(scope, _replay(body, receive), send)  # FastAPI's own error for it
             return
         scope["route"] = route  # as the router sets it: the metrics' and the access log's route label
-        request = Request(scope, receive)
         request._body = body  # read already
         try:
             response = await route.lean_endpoint(value, request)

@@ -1,10 +1,11 @@
-"""The one code path of chat, completions and responses, streamed or not.
+"""The one code path of every generation endpoint (chat, completions, Responses, Messages, interactive
+chat), streamed or not.
 
 The Generate stream starts; until the service's first message (`accepted`) any failure is an ordinary
-HTTP error with the right status. Then either every delta becomes SSE events (the `Framing` says how:
-chat and completions chunks, or the Responses API's events), or the deltas are collected into one
-response (the endpoint's `response`). A client that goes away cancels the stream, which cancels the
-Triton requests.
+HTTP error with the right status. Then either every delta becomes events (the endpoint's `Answer` says
+how: its `Framing` writes chat and completions chunks, the Responses API's or Anthropic's events, or
+interactive JSON lines), or the deltas are collected into one response (its `Collector`). A client that
+goes away cancels the stream, which cancels the Triton requests.
 """
 
 from __future__ import annotations
@@ -12,18 +13,19 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import orjson
 from fastapi import Request, Response
 
+from edge.app_state import edge_state
 from edge.cancel import until_disconnected
-from edge.clients import Generation, LlmClient
-from edge.deps import settings
+from edge.clients import Generation
 from edge.endpoints.common import usage_object
-from edge.endpoints.generation import GenerationInput
-from edge.endpoints.images import ImageLimits, attach
 from edge.endpoints.llm_common import Collected, Shape
+from edge.generation import GenerationInput
+from edge.images import attach
 from edge.sse import data_event, sse_response
 from tritongate.common.v1 import common_pb2
 from tritongate.llm.v1 import llm_pb2
@@ -88,25 +90,35 @@ class ChunkFraming:
             yield data_event({**self.head, "choices": [], "usage": usage_object(usage)})
 
 
-async def generate(request: Request, client: LlmClient, generation: GenerationInput, shape: Shape, *,
-                   include_usage: bool, keepalive_s: float) -> Response:
+@dataclass(frozen=True)
+class Answer:
+    """How an endpoint answers a generation: `collector` builds its whole response, `framing` writes its
+    stream (as Server-Sent Events, unless `respond` writes it otherwise), and `persist` saves what the
+    endpoint keeps of a finished generation (a stored Response, a session's turn) before the client sees
+    the end."""
+
+    collector: Collector
+    framing: Callable[[dict[str, Any]], Framing]
+    respond: Callable[[AsyncGenerator[bytes, None], float], Response] = sse_response
+    persist: Callable[[], Awaitable[None]] | None = None
+
+
+async def generate(request: Request, generation_input: GenerationInput, shape: Shape, include_usage: bool
+                   ) -> Response:
     """Chat and completions."""
-    return await run(request, client, generation, shape, keepalive_s=keepalive_s,
-                     framing=lambda head: ChunkFraming(shape, head, include_usage))
+    return await run(request, generation_input,
+                     Answer(shape, framing=lambda head: ChunkFraming(shape, head, include_usage)))
 
 
-async def run(request: Request, client: LlmClient, generation_input: GenerationInput, collector: Collector, *,
-              keepalive_s: float, framing: Callable[[dict[str, Any]], Framing],
-              respond: Callable[[AsyncGenerator[bytes, None], float], Response] = sse_response,
-              persist: Callable[[], Awaitable[None]] | None = None) -> Response:
-    """Any generation endpoint: `framing` writes its stream (as Server-Sent Events, unless `respond`
-    writes it otherwise), `collector` its whole response. `persist` saves what the endpoint keeps of a
-    finished generation (a stored Response, a session's turn), before the client sees the end."""
-    head = {"id": f"{collector.prefix}{uuid.uuid4().hex}", "object": collector.object,
+async def run(request: Request, generation_input: GenerationInput, answer: Answer) -> Response:
+    """Any generation endpoint: the generation that `generation_input` asks for, answered as `answer` says."""
+    state = edge_state(request)
+    client = state.clients.llm
+    head = {"id": f"{answer.collector.prefix}{uuid.uuid4().hex}", "object": answer.collector.object,
             "created": int(time.time()), "model": generation_input.model}
     if generation_input.images:
         card = await client.directory.route(generation_input.model, client.service)
-        await attach(generation_input.images, card, ImageLimits.of(settings(request)))
+        await attach(generation_input.images, card, state.images)
     generation = await client.generate(generation_input.proto(), generation_input.names)
     try:
         accepted = await until_disconnected(request, generation.accepted())
@@ -114,13 +126,14 @@ async def run(request: Request, client: LlmClient, generation_input: GenerationI
         generation.cancel()
         raise
     if generation_input.stream:
-        return respond(_events(generation, accepted, framing(head), persist), keepalive_s)
+        return answer.respond(_events(generation, accepted, answer.framing(head), answer.persist),
+                              state.settings.sse_keepalive_s)
     try:
-        body = await until_disconnected(request, _collect(generation, accepted, collector, head))
+        body = await until_disconnected(request, _collect(generation, accepted, answer.collector, head))
     finally:
         generation.cancel()
-    if persist is not None:
-        await persist()
+    if answer.persist is not None:
+        await answer.persist()
     return Response(orjson.dumps(body), media_type="application/json")
 
 

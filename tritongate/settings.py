@@ -115,7 +115,7 @@ class Settings(BaseSettings):
     # Edge processes sharing the port (`tritongate edge --workers`; launcher/workers.py); "auto": auto_workers().
     edge_workers: int = Field(1, ge=1)
 
-    # Images in chat messages (edge/endpoints/images.py): the bytes one image may have, the images one
+    # Images in chat messages (edge/images.py): the bytes one image may have, the images one
     # request may carry, and the hosts whose http(s) URLs the edge fetches (none: only `data:` URLs).
     # Fetched URLs never reach a private, loopback or link-local address, unless it lies in one of
     # `image_allowed_networks` (CIDR, e.g. an internal image store's "10.1.2.0/24").

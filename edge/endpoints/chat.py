@@ -15,12 +15,16 @@ from pydantic import (
     model_validator,
 )
 
-from edge.endpoints.common import UINT32_MAX, Head, OpenAIRequest, ParamError, ResponseModel, Usage, usage_object
-from edge.endpoints.generation import GenerationInput
-from edge.endpoints.images import PendingImage, chat_part_url
+from edge.endpoints.common import UINT32_MAX, Head, OpenAIRequest, ResponseModel, Usage, usage_object
 from edge.endpoints.llm_common import Collected, GenerationRequest
 from edge.endpoints.tools import (
+    CALL_SCHEMA,
+    FUNCTION_SCHEMA,
     MAX_TOOLS,
+    ResponseFormat,
+    ToolChoiceJson,
+    Tooling,
+    Tools,
     call_json,
     delta_json,
     message_tool_calls,
@@ -28,6 +32,9 @@ from edge.endpoints.tools import (
     tool_choice,
     tool_list,
 )
+from edge.errors import ParamError
+from edge.generation import GenerationInput
+from edge.images import PendingImage, chat_part_url
 from tritongate.common.v1 import common_pb2
 from tritongate.llm.v1 import llm_pb2
 
@@ -47,27 +54,6 @@ IMAGE_PART = {"type": "object", "properties": {"type": {"const": "image_url"}, "
     "required": ["url"]}}, "required": ["type", "image_url"]}
 Content = Annotated[Any, WithJsonSchema({"anyOf": [{"type": "string"}, {"type": "array", "items": {
     "anyOf": [TEXT_PART, IMAGE_PART]}}, {"type": "null"}]})]
-_FUNCTION = {"type": "object", "properties": {"name": {"type": "string"}, "description": {"type": "string"},
-                                              "parameters": {"type": "object"}, "strict": {"type": "boolean"}},
-             "required": ["name"]}
-_NAMED = {"type": "object", "properties": {"type": {"const": "function"}, "function": {
-    "type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}},
-          "required": ["type", "function"]}
-_CALL = {"type": "object", "properties": {"id": {"type": "string"}, "type": {"const": "function"}, "function": {
-    "type": "object", "properties": {"name": {"type": "string"}, "arguments": {"type": "string"}},
-    "required": ["name", "arguments"]}}, "required": ["id", "type", "function"]}
-ResponseFormat = Annotated[Any, WithJsonSchema({"anyOf": [
-    {"type": "object", "properties": {"type": {"enum": ["text", "json_object"]}}, "required": ["type"]},
-    {"type": "object", "properties": {"type": {"const": "json_schema"}, "json_schema": {
-        "type": "object", "properties": {"name": {"type": "string"}, "description": {"type": "string"},
-                                         "schema": {"type": "object"}, "strict": {"type": "boolean"}},
-        "required": ["name", "schema"]}}, "required": ["type", "json_schema"]},
-    {"type": "null"}]})]
-Tools = Annotated[Any, WithJsonSchema({"anyOf": [{"type": "array", "maxItems": MAX_TOOLS, "items": {
-    "type": "object", "properties": {"type": {"const": "function"}, "function": _FUNCTION},
-    "required": ["type", "function"]}}, {"type": "null"}]})]
-ToolChoiceJson = Annotated[Any, WithJsonSchema({"anyOf": [{"enum": ["none", "auto", "required"]}, _NAMED,
-                                                          {"type": "null"}]})]
 
 
 class ChatMessage(OpenAIRequest):
@@ -75,14 +61,14 @@ class ChatMessage(OpenAIRequest):
     content: Content = Field(None, validate_default=True)
     name: str | None = None
     # An assistant's calls (content may then be null), and the call a tool message answers.
-    tool_calls: Annotated[Any, WithJsonSchema({"type": "array", "items": _CALL})] = None
+    tool_calls: Annotated[Any, WithJsonSchema({"type": "array", "items": CALL_SCHEMA})] = None
     function_call: Annotated[Any, WithJsonSchema({"type": "object"})] = None  # legacy: one call
     tool_call_id: str | None = Field(None, validate_default=True)
     # An assistant turn's thinking, as answers carry it (templates that show earlier thinking read it).
     reasoning_content: str | None = None
     reasoning: str | None = None
 
-    # The `image_url` parts of a user message: (place in `content`, URL), loaded later (edge/endpoints/images.py).
+    # The `image_url` parts of a user message: (place in `content`, URL), loaded later (edge/images.py).
     _image_urls: list[tuple[int, Any]] = PrivateAttr(default_factory=list)
 
     @model_validator(mode="wrap")
@@ -173,8 +159,8 @@ class ChatCompletionRequest(GenerationRequest):
     tool_choice: ToolChoiceJson = None
     parallel_tool_calls: bool | None = None
     # Legacy function calling: mapped onto tools; the answer has `function_call` instead of `tool_calls`.
-    functions: Annotated[Any, WithJsonSchema({"anyOf": [{"type": "array", "maxItems": MAX_TOOLS, "items": _FUNCTION},
-                                                         {"type": "null"}]})] = None
+    functions: Annotated[Any, WithJsonSchema({"anyOf": [
+        {"type": "array", "maxItems": MAX_TOOLS, "items": FUNCTION_SCHEMA}, {"type": "null"}]})] = None
     function_call: Annotated[Any, WithJsonSchema({"anyOf": [{"enum": ["none", "auto"]}, {
         "type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}, {"type": "null"}]})] = None
     # For reasoning models; reaches the chat template as the variable `reasoning_effort` (as vLLM does for
@@ -183,6 +169,8 @@ class ChatCompletionRequest(GenerationRequest):
     # Extension (vLLM, SGLang): extra variables for the chat template, e.g. {"enable_thinking": false}.
     chat_template_kwargs: dict[str, Any] | None = None
 
+    _tooling: Tooling = PrivateAttr(default_factory=Tooling)  # tools, tool_choice and response_format, checked
+
     @model_validator(mode="after")
     def _rules(self) -> Self:
         if self.top_logprobs and not self.logprobs:
@@ -190,11 +178,24 @@ class ChatCompletionRequest(GenerationRequest):
         if self.legacy_functions and (self.tools is not None or self.tool_choice is not None):
             raise ParamError("use 'tools' and 'tool_choice', or the legacy 'functions' and 'function_call', not both",
                              "functions")
+        if self.legacy_functions:
+            tools = tool_list(self.functions, "functions", "functions") if self.functions is not None else []
+            choice = tool_choice(self.function_call, tools, "function_call", "functions")
+        else:
+            tools = tool_list(self.tools, "tools") if self.tools is not None else []
+            choice = tool_choice(self.tool_choice, tools, "tool_choice")
+        # A legacy answer holds one function_call.
+        self._tooling = Tooling(tools, choice, False if self.legacy_functions else self.parallel_tool_calls,
+                                response_guide(self.response_format))
         return self
 
     @property
     def legacy_functions(self) -> bool:
         return self.functions is not None or self.function_call is not None
+
+    @property
+    def tooling(self) -> Tooling:
+        return self._tooling
 
 
 LEGACY_NAMES = {"tools": "functions", "tool_choice": "function_call"}
@@ -215,24 +216,16 @@ def pending_images(body: ChatCompletionRequest, messages: list[llm_pb2.ChatMessa
 
 
 def generation_input(body: ChatCompletionRequest) -> GenerationInput:
-    if body.legacy_functions:
-        names: dict[str, str] = LEGACY_NAMES
-        tools = tool_list(body.functions, "functions", "functions") if body.functions is not None else []
-        choice = tool_choice(body.function_call, tools, "function_call", "functions")
-    else:
-        names = {}
-        tools = tool_list(body.tools, "tools") if body.tools is not None else []
-        choice = tool_choice(body.tool_choice, tools, "tool_choice")
     variables = {**({"reasoning_effort": body.reasoning_effort} if body.reasoning_effort else {}),
                  **(body.chat_template_kwargs or {})}
     messages = [message_proto(m) for m in body.messages]
+    tooling = body.tooling
     return GenerationInput(
         model=body.model, sampling=body.sampling(body.max_completion_tokens or body.max_tokens),
-        messages=messages, images=pending_images(body, messages), stream=bool(body.stream), tools=tools,
-        tool_choice=choice, guide=response_guide(body.response_format),
-        # A legacy answer holds one function_call.
-        parallel_tool_calls=False if body.legacy_functions else body.parallel_tool_calls,
-        template_variables=variables, logprobs=bool(body.logprobs), top_logprobs=body.top_logprobs or 0, names=names)
+        messages=messages, images=pending_images(body, messages), stream=bool(body.stream), tools=tooling.tools,
+        tool_choice=tooling.choice, parallel_tool_calls=tooling.parallel, guide=tooling.guide,
+        template_variables=variables, logprobs=bool(body.logprobs), top_logprobs=body.top_logprobs or 0,
+        names=LEGACY_NAMES if body.legacy_functions else {})
 
 
 # The response and its stream chunks, as /openapi.json declares them (OpenAI's ChatCompletion and

@@ -1,9 +1,8 @@
-"""What every endpoint module shares: the request base, the error a rule raises, the schema of OpenAI's
-`usage`, and the text-or-token-ids batches that embeddings `input` and completions `prompt` accept.
+"""What every endpoint module shares: the request base, the schema of OpenAI's `usage`, and the
+text-or-token-ids batches that embeddings `input` and completions `prompt` accept.
 
-Endpoint modules own the OpenAI request shape. They raise `ParamError` (never an HTTP error): inside a
-pydantic validator it becomes a validation error whose `param` the error handler reads, and outside one
-(a limit checked while building the proto) the handler maps it to the same 400.
+Endpoint modules own the OpenAI request shape. Their rules raise `ParamError` (edge/errors.py; never an
+HTTP error): inside a pydantic validator it becomes a validation error whose `param` the error handler reads.
 """
 
 from __future__ import annotations
@@ -12,20 +11,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from edge.errors import ParamError
 from tritongate.common.v1 import common_pb2
 
 UINT32_MAX = 2**32 - 1  # the services' counts are uint32: a larger value is refused here, not crashed on
 BATCH_SHAPES = "a string, an array of strings, an array of token ids, or an array of token-id arrays"
-
-
-class ParamError(ValueError):
-    """A request breaks a rule; `param` names the offending parameter (OpenAI's `error.param`)."""
-
-    def __init__(self, message: str, param: str | None = None, code: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.param = param
-        self.code = code
 
 
 class OpenAIRequest(BaseModel):
@@ -99,6 +89,14 @@ def text_or_token_batch(value: Any, param: str, empty_strings: bool) -> list[str
                 raise ParamError("token ids must be between 0 and 2^32 - 1", param)
         return value
     raise ParamError(f"'{param}' must be {BATCH_SHAPES}", param)
+
+
+def check_count(items: int, most: int, param: str, per_request: bool = False) -> None:
+    """One of the edge's per-request limits (edge/app_state.py, `limits_of`): more than `most` items of
+    `param` are refused."""
+    if items > most:
+        per = " per request" if per_request else ""
+        raise ParamError(f"'{param}' has {items} items; at most {most} are allowed{per}.", param)
 
 
 def token_ids(ids: list[int]) -> common_pb2.TokenIds:

@@ -12,15 +12,15 @@ from pydantic import Field, WithJsonSchema, field_validator, model_validator
 from edge.endpoints.common import (
     UINT32_MAX,
     Head,
-    ParamError,
     ResponseModel,
     Usage,
     batch_schema,
     text_or_token_batch,
     usage_object,
 )
-from edge.endpoints.generation import GenerationInput
 from edge.endpoints.llm_common import Collected, GenerationRequest
+from edge.errors import ParamError
+from edge.generation import GenerationInput
 from tritongate.common.v1 import common_pb2
 from tritongate.llm.v1 import llm_pb2
 

@@ -1,22 +1,23 @@
 """POST /v1/embeddings: the request in the order of OpenAI's CreateEmbeddingRequest (with NVIDIA NIM's
-`input_type` and `truncate`), its EmbedRequest (and the per-request input limit), and the response, written
-straight from the float32 buffer."""
+`input_type` and `truncate`) and its rules (the per-request input limit among them), its EmbedRequest, and
+the response, written straight from the float32 buffer."""
 
 from __future__ import annotations
 
 import base64
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
 import numpy as np
 import orjson
-from pydantic import Field, WithJsonSchema, field_validator
+from pydantic import Field, ValidationInfo, WithJsonSchema, field_validator, model_validator
 
+from edge.app_state import limits_of
 from edge.endpoints.common import (
     UINT32_MAX,
     OpenAIRequest,
-    ParamError,
     ResponseModel,
     batch_schema,
+    check_count,
     text_or_token_batch,
 )
 from tritongate.common.v1 import common_pb2
@@ -44,23 +45,23 @@ class EmbeddingRequest(OpenAIRequest):
     def _input(cls, value: Any) -> list[str] | list[list[int]]:
         return text_or_token_batch(value, "input", empty_strings=False)
 
+    @model_validator(mode="after")
+    def _within_limit(self, info: ValidationInfo) -> Self:
+        check_count(len(self.input), limits_of(info).max_embedding_inputs, "input", per_request=True)
+        return self
 
-def to_proto(body: EmbeddingRequest, model: str, max_inputs: int) -> embed_pb2.EmbedRequest:
-    """The EmbedRequest for `model`; more than `max_inputs` inputs (the edge's TRITONGATE_MAX_EMBEDDING_INPUTS)
-    are refused."""
-    request = batch_proto(body.input, "input", model, max_inputs)
+
+def to_proto(body: EmbeddingRequest, model: str) -> embed_pb2.EmbedRequest:
+    """The EmbedRequest for `model`."""
+    request = batch_proto(body.input, model)
     request.dimensions = body.dimensions or 0
     request.input_type = INPUT_TYPES.get(body.input_type or "", embed_pb2.INPUT_TYPE_UNSPECIFIED)
     request.truncation = TRUNCATIONS.get(body.truncate or "", embed_pb2.TRUNCATION_DEFAULT)
     return request
 
 
-def batch_proto(inputs: list[str] | list[list[int]], param: str, model: str, max_inputs: int
-                ) -> embed_pb2.EmbedRequest:
-    """An EmbedRequest of `inputs` (texts or token ids); more than `max_inputs` are refused."""
-    if len(inputs) > max_inputs:
-        raise ParamError(f"'{param}' has {len(inputs)} items; at most {max_inputs} are allowed per request.",
-                         param)
+def batch_proto(inputs: list[str] | list[list[int]], model: str) -> embed_pb2.EmbedRequest:
+    """An EmbedRequest of `inputs` (texts or token ids)."""
     request = embed_pb2.EmbedRequest(model=model)
     if isinstance(inputs[0], str):
         request.texts.texts.extend(inputs)

@@ -17,21 +17,23 @@ import asyncio
 import contextlib
 import secrets
 from collections.abc import AsyncIterator, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, Self
 
 import orjson
-from fastapi import Response
+from fastapi import Request, Response
 from fastapi.responses import StreamingResponse
 from pydantic import Field, StrictInt, field_validator, model_validator
 
 from edge.api_router import ErrorObject
+from edge.app_state import Sessions
 from edge.endpoints.chat import ChatMessage
-from edge.endpoints.common import UINT32_MAX, OpenAIRequest, ParamError, ResponseModel
-from edge.endpoints.generation import GenerationInput, Sampling
+from edge.endpoints.common import UINT32_MAX, OpenAIRequest, ResponseModel
 from edge.endpoints.llm_common import Collected, RepetitionPenalty, Seed, Stop, Temperature, TopK, TopP, stop_list
-from edge.errors import OpenAIError, as_openai_error
-from edge.state import Space, StoreUnavailable
+from edge.errors import OpenAIError, ParamError, as_openai_error
+from edge.generation import GenerationInput, SamplingRequest
+from edge.state import StoreUnavailable, conversation
+from edge.streaming import Answer, run
 from tritongate.common.v1 import common_pb2
 from tritongate.llm.v1 import llm_pb2
 
@@ -78,10 +80,10 @@ class InteractiveRequest(OpenAIRequest):
         return self
 
     @property
-    def messages(self) -> list[dict[str, str]]:
+    def messages(self) -> list[llm_pb2.ChatMessage]:
         if isinstance(self.prompt, str):
-            return [{"role": "user", "content": self.prompt}]
-        return [{"role": m.role, "content": m.content} for m in self.prompt]
+            return [llm_pb2.ChatMessage(role="user", content=self.prompt)]
+        return [llm_pb2.ChatMessage(role=m.role, content=m.content) for m in self.prompt]
 
 
 class InteractiveResponse(ResponseModel):
@@ -105,24 +107,25 @@ RESPONSES: dict[int | str, dict[str, Any]] = {200: {
 
 @dataclass
 class Session:
+    """A session's conversation as the generation takes it, kept in the state store (edge/state/conversation.py)."""
+
     model: str
-    messages: list[dict[str, str]] = field(default_factory=list)
+    messages: list[llm_pb2.ChatMessage] = field(default_factory=list)
     tokens: int = 0  # the conversation so far, as the model sees it
 
     def encoded(self) -> bytes:
-        return orjson.dumps(asdict(self))
+        return conversation.encode(orjson.dumps({"model": self.model, "tokens": self.tokens}), self.messages)
 
     @classmethod
     def decoded(cls, value: bytes) -> Session:
-        return cls(**orjson.loads(value))
-
-
-@dataclass(frozen=True)
-class Sessions:
-    """The sessions and the cancel requests for their turns in flight, in the shared state store."""
-
-    conversations: Space
-    cancels: Space
+        stored = conversation.decode(value)
+        if stored is None:  # as the edge's previous version kept it: its messages in JSON, text only
+            fields = orjson.loads(value)
+            return cls(fields["model"], [llm_pb2.ChatMessage(role=m["role"], content=m["content"])
+                                         for m in fields["messages"]], fields["tokens"])
+        head, messages = stored
+        fields = orjson.loads(head)
+        return cls(fields["model"], messages, fields["tokens"])
 
 
 class TurnCancelled(Exception):
@@ -168,11 +171,15 @@ async def cancel(body: InteractiveRequest, sessions: Sessions) -> dict[str, Any]
 
 
 def generation_input(body: InteractiveRequest, session: Session) -> GenerationInput:
-    sampling = Sampling(max_tokens=body.request_output_len, temperature=body.temperature, top_p=body.top_p,
-                        top_k=body.top_k, repetition_penalty=body.repetition_penalty, ignore_eos=body.ignore_eos,
-                        skip_special_tokens=body.skip_special_tokens, stop=body.stop or (), seed=body.seed)
-    messages = [llm_pb2.ChatMessage(role=m["role"], content=m["content"]) for m in [*session.messages, *body.messages]]
-    return GenerationInput(model=session.model, sampling=sampling, messages=messages, stream=body.stream, names=NAMES)
+    sampling = SamplingRequest(max_tokens=body.request_output_len, temperature=body.temperature, top_p=body.top_p,
+                               top_k=body.top_k, repetition_penalty=body.repetition_penalty, ignore_eos=body.ignore_eos,
+                               skip_special_tokens=body.skip_special_tokens, stop=body.stop or (), seed=body.seed)
+    return GenerationInput(model=session.model, sampling=sampling, messages=[*session.messages, *body.messages],
+                           stream=body.stream, names=NAMES)
+
+
+def json_answer(payload: dict[str, Any]) -> Response:
+    return Response(orjson.dumps(payload), media_type="application/json")
 
 
 def answer(text: str, session_id: int, finish_reason: str | None = "stop", tokens: int = 0, input_tokens: int = 0,
@@ -183,8 +190,8 @@ def answer(text: str, session_id: int, finish_reason: str | None = "stop", token
 
 class Turn:
     """One request of a session: its answer, whole or as lines, and the session afterwards (`persist`).
-    From `begin` to `close` it watches for a `cancel`: a streamed turn stops at its next piece of text, any
-    other is cancelled at once."""
+    While it runs (`run`, until `close`) it watches for a `cancel`: a streamed turn stops at its next piece
+    of text, any other is cancelled at once."""
 
     object = "interactive"
     prefix = "interactive-"
@@ -198,14 +205,32 @@ class Turn:
         self.session = session
         self.sessions = sessions
         self.history_tokens = session.tokens
-        self.exchange: list[dict[str, str]] = []  # what the finished turn adds to the session
+        self.exchange: list[llm_pb2.ChatMessage] = []  # what the finished turn adds to the session
         self.added_tokens = 0
         self.cancelled = False
         self._watcher: asyncio.Task[None] | None = None
 
-    async def begin(self) -> None:
+    async def run(self, request: Request, generation: GenerationInput) -> Response:
+        """The turn's answer (edge/streaming.py), watched for a `cancel` while it runs: a cancelled turn
+        that was not streamed answers an empty text; a streamed one stops its lines (`TurnLines`)."""
         await self.sessions.cancels.delete(self.key)  # a cancel that came before this turn is not for it
         self._watcher = asyncio.create_task(self._watch(asyncio.current_task()))
+        try:
+            response = await run(request, generation, Answer(self, self.lines, respond=json_lines(self),
+                                                             persist=self.persist))
+        except asyncio.CancelledError:
+            self.close()
+            task = asyncio.current_task()
+            if not self.cancelled or task is None:
+                raise  # the client went away
+            task.uncancel()
+            return json_answer(answer("", self.session_id, history_tokens=self.history_tokens))
+        except BaseException:
+            self.close()
+            raise
+        if not self.body.stream:  # a stream's lines close the turn when they end
+            self.close()
+        return response
 
     async def _watch(self, task: asyncio.Task[Any] | None) -> None:
         loop = asyncio.get_running_loop()
@@ -225,7 +250,7 @@ class Turn:
 
     def finished(self, text: str, finish_reason: str, usage: common_pb2.Usage) -> dict[str, Any]:
         """The last answer; `persist` then adds the exchange to the session, or ends it."""
-        self.exchange = [*self.body.messages, {"role": "assistant", "content": text}]
+        self.exchange = [*self.body.messages, llm_pb2.ChatMessage(role="assistant", content=text)]
         self.added_tokens = usage.prompt_tokens + usage.completion_tokens - self.history_tokens
         return answer(text, self.session_id, finish_reason, usage.completion_tokens,
                       max(usage.prompt_tokens - self.history_tokens, 0), self.history_tokens)

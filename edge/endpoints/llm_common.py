@@ -1,6 +1,6 @@
-"""What chat and completions share: the request fields and their rules, their `Sampling` (of the one
-generation input, edge/endpoints/generation.py), and the `Shape` each endpoint gives its responses and
-stream chunks (the one generation path, edge/streaming.py, builds both endpoints' answers through it)."""
+"""What chat and completions share: the request fields and their rules, their `SamplingRequest` (of the
+one generation input, edge/generation.py), and the `Shape` each endpoint gives its responses and stream
+chunks (the one generation path, edge/streaming.py, builds both endpoints' answers through it)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from typing import Annotated, Any, Protocol, Self
 
 from pydantic import Field, WithJsonSchema, field_validator, model_validator
 
-from edge.endpoints.common import UINT32_MAX, OpenAIRequest, ParamError
-from edge.endpoints.generation import Sampling
+from edge.endpoints.common import UINT32_MAX, OpenAIRequest
+from edge.errors import ParamError
+from edge.generation import SamplingRequest
 from tritongate.common.v1 import common_pb2
 from tritongate.llm.v1 import llm_pb2
 from tritongate.wire import MAX_N, MAX_STOPS
@@ -113,15 +114,15 @@ class GenerationRequest(OpenAIRequest):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
-    def sampling(self, max_tokens: int | None) -> Sampling:
+    def sampling(self, max_tokens: int | None) -> SamplingRequest:
         """The shared fields as the generation's sampling (`max_tokens` is the endpoint's own field)."""
-        return Sampling(max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
-                        min_p=self.min_p, repetition_penalty=self.repetition_penalty,
-                        presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
-                        do_sample=self.do_sample, seed=self.seed, min_tokens=self.min_tokens,
-                        skip_special_tokens=self.skip_special_tokens, n=self.n or 1, stop=self.stop or (),
-                        logit_bias=self.logit_bias or {}, ignore_eos=bool(self.ignore_eos),
-                        include_stop_str_in_output=bool(self.include_stop_str_in_output), num_beams=self.num_beams or 1)
+        return SamplingRequest(
+            max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, min_p=self.min_p,
+            repetition_penalty=self.repetition_penalty, presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty, do_sample=self.do_sample, seed=self.seed,
+            min_tokens=self.min_tokens, skip_special_tokens=self.skip_special_tokens, n=self.n or 1,
+            stop=self.stop or (), logit_bias=self.logit_bias or {}, ignore_eos=bool(self.ignore_eos),
+            include_stop_str_in_output=bool(self.include_stop_str_in_output), num_beams=self.num_beams or 1)
 
 
 class Collected:

@@ -5,11 +5,15 @@ NVIDIA NIM's /v1/ranking."""
 from __future__ import annotations
 
 import uuid
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
-from pydantic import Field, WithJsonSchema, field_validator
+from fastapi import Request
+from pydantic import Field, ValidationInfo, WithJsonSchema, field_validator, model_validator
 
-from edge.endpoints.common import OpenAIRequest, ParamError, ResponseModel
+from edge.app_state import limits_of
+from edge.endpoints.common import OpenAIRequest, ResponseModel, check_count
+from edge.errors import ParamError, tei_body, use_error_body
+from edge.lean import parse_body
 from tritongate.rerank.v1 import rerank_pb2
 
 
@@ -55,6 +59,11 @@ class RerankRequest(OpenAIRequest):
             raise ParamError("'top_n' must be at least 1", "top_n")
         return value
 
+    @model_validator(mode="after")
+    def _within_limit(self, info: ValidationInfo) -> Self:
+        check_count(len(self.documents), limits_of(info).max_rerank_documents, "documents")
+        return self
+
 
 class TEIRerankRequest(OpenAIRequest):
     """Hugging Face text-embeddings-inference's /rerank. TEI names no model: the default rerank model
@@ -67,29 +76,31 @@ class TEIRerankRequest(OpenAIRequest):
     return_text: bool = False
     truncate: bool = False
 
+    @model_validator(mode="after")
+    def _within_limit(self, info: ValidationInfo) -> Self:
+        check_count(len(self.texts), limits_of(info).max_rerank_documents, "documents")
+        return self
+
 
 # /rerank takes either body; /openapi.json declares both.
 EITHER_SCHEMA = {"anyOf": [RerankRequest.model_json_schema(), TEIRerankRequest.model_json_schema()]}
 
 
-def is_tei(body: dict[str, Any]) -> bool:
-    return "texts" in body and "documents" not in body
+def either_request(body: dict[str, Any], request: Request) -> RerankRequest | TEIRerankRequest:
+    """A /rerank body as the request of the API it speaks: TEI's when it has `texts` and no `documents` (its
+    errors are then in TEI's shape), else Denglin's."""
+    if "texts" in body and "documents" not in body:
+        use_error_body(request, tei_body)
+        return parse_body(TEIRerankRequest, body, request)
+    return parse_body(RerankRequest, body, request)
 
 
-def _checked(documents: int, max_documents: int, param: str = "documents") -> None:
-    if documents > max_documents:
-        raise ParamError(f"'{param}' has {documents} items; at most {max_documents} are allowed.", param)
-
-
-def to_proto(body: RerankRequest, max_documents: int) -> rerank_pb2.RerankRequest:
-    """The RerankRequest; more than `max_documents` (TRITONGATE_MAX_RERANK_DOCUMENTS) are refused."""
-    _checked(len(body.documents), max_documents)
+def to_proto(body: RerankRequest) -> rerank_pb2.RerankRequest:
     top_n = min(body.top_n or 0, len(body.documents))  # more than there are documents: all of them
     return rerank_pb2.RerankRequest(model=body.model, query=body.query, documents=body.documents, top_n=top_n)
 
 
-def tei_to_proto(body: TEIRerankRequest, model: str, max_documents: int) -> rerank_pb2.RerankRequest:
-    _checked(len(body.texts), max_documents)
+def tei_to_proto(body: TEIRerankRequest, model: str) -> rerank_pb2.RerankRequest:
     return rerank_pb2.RerankRequest(model=model, query=body.query, documents=body.texts,
                                     raw_scores=body.raw_scores, truncate=body.truncate)
 
@@ -107,10 +118,14 @@ class RankingRequest(OpenAIRequest):
     passages: Annotated[list[NIMText], Field(min_length=1)]
     truncate: Literal["NONE", "END"] | None = None
 
+    @model_validator(mode="after")
+    def _within_limit(self, info: ValidationInfo) -> Self:
+        check_count(len(self.passages), limits_of(info).max_rerank_documents, "passages")
+        return self
 
-def ranking_proto(body: RankingRequest, max_documents: int) -> rerank_pb2.RerankRequest:
+
+def ranking_proto(body: RankingRequest) -> rerank_pb2.RerankRequest:
     """The model's raw scores: NIM answers logits."""
-    _checked(len(body.passages), max_documents, "passages")
     request = rerank_pb2.RerankRequest(model=body.model, query=body.query.text,
                                        documents=[p.text for p in body.passages], raw_scores=True)
     if body.truncate is not None:

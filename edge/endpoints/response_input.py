@@ -2,27 +2,20 @@
 of an earlier answer (`function_call` items) with their results (`function_call_output` items), which
 become chat's assistant `tool_calls` and `tool` messages, so that an agent's next turn reads as chat's
 would. A refused item names its own place in the request (`input[3].content`). A message's
-`input_image` parts become its images (loaded by edge/endpoints/images.py, as chat's `image_url` parts).
-A stored conversation is kept as chat messages in OpenAI's JSON (`chat_json`, images as `data:` URLs),
-read back through chat's own message rules.
+`input_image` parts become its images (loaded by edge/images.py, as chat's `image_url` parts).
 """
 
 from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from edge.endpoints.chat import ChatMessage, message_proto
-from edge.endpoints.common import ParamError
-from edge.endpoints.images import PendingImage, data_url, stored_image
-from edge.endpoints.tools import call_json
+from edge.errors import ParamError
+from edge.images import PendingImage
 from tritongate.llm.v1 import llm_pb2
 
 ROLES = ("user", "system", "developer", "assistant")
 TEXT_PARTS = ("input_text", "output_text", "text")
 ITEM_TYPES = ("message", "function_call", "function_call_output")
-
-Message = dict[str, Any]  # one chat message in OpenAI's JSON: role, content, and tool_calls or tool_call_id
-
 
 class InputMessages(NamedTuple):
     """`input` as chat messages, and the images their `input_image` parts name."""
@@ -118,24 +111,3 @@ def input_messages(value: Any) -> InputMessages:
             raise ParamError(f"'{where}.type': input items of type {kind!r} are not supported: only "
                              f"{', '.join(repr(kind) for kind in ITEM_TYPES)} items", f"{where}.type")
     return InputMessages(messages, images)
-
-
-def chat_json(message: llm_pb2.ChatMessage) -> Message:
-    """A message as chat's JSON, as a stored conversation keeps it."""
-    if message.images:
-        parts = [{"type": "image_url", "image_url": {"url": data_url(image)}} for image in message.images]
-        return {"role": message.role, "content": [*parts, {"type": "text", "text": message.content}]}
-    if not message.tool_calls:
-        return {"role": message.role, "content": message.content, **(
-            {"tool_call_id": message.tool_call_id} if message.tool_call_id else {})}
-    calls = [call_json({"id": call.id, "name": call.name, "arguments": call.arguments}, legacy=False)
-             for call in message.tool_calls]
-    return {"role": message.role, "content": message.content or None, "tool_calls": calls}
-
-
-def from_chat_json(message: Message) -> llm_pb2.ChatMessage:
-    """A stored message, through chat's own message rules."""
-    validated = ChatMessage.model_validate(message)
-    proto = message_proto(validated)
-    proto.images.extend(stored_image(url) for _, url in validated.image_urls)
-    return proto

@@ -5,16 +5,17 @@ serve the default embedding model unless the body names one in `model`."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
 import numpy as np
 import orjson
-from pydantic import Field, RootModel, WithJsonSchema, field_validator
+from pydantic import Field, RootModel, ValidationInfo, WithJsonSchema, field_validator, model_validator
 
-from edge.endpoints.common import UINT32_MAX, OpenAIRequest, ParamError, ResponseModel, batch_schema
+from edge.app_state import limits_of
+from edge.endpoints.common import UINT32_MAX, OpenAIRequest, ResponseModel, batch_schema
 from edge.endpoints.common import text_or_token_batch as _batch
 from edge.endpoints.embeddings import batch_proto
-from edge.errors import OpenAIError
+from edge.errors import ParamError
 from tritongate.common.v1 import common_pb2, tokenizer_pb2
 from tritongate.embed.v1 import embed_pb2
 
@@ -25,12 +26,6 @@ def _inputs(value: Any, empty_strings: bool) -> list[Any]:
     if isinstance(value, list) and not value:  # TEI's own kind of error ("Empty")
         raise ParamError("`inputs` cannot be empty", "inputs", "empty")
     return _batch(value, "inputs", empty_strings)
-
-
-def checked_batch(inputs: list[Any], max_batch: int) -> None:
-    """TEI refuses a batch over its `max_client_batch_size` as too large (413)."""
-    if len(inputs) > max_batch:
-        raise OpenAIError(413, f"batch size {len(inputs)} > maximum allowed batch size {max_batch}", "inputs")
 
 
 class TEIEmbedRequest(OpenAIRequest):
@@ -47,10 +42,19 @@ class TEIEmbedRequest(OpenAIRequest):
     def _inputs(cls, value: Any) -> list[str] | list[list[int]]:
         return _inputs(value, empty_strings=False)
 
+    @model_validator(mode="after")
+    def _batch_size(self, info: ValidationInfo) -> Self:
+        """TEI refuses a batch over its `max_client_batch_size` (TRITONGATE_MAX_EMBEDDING_INPUTS) as too
+        large (413)."""
+        most = limits_of(info).max_embedding_inputs
+        if len(self.inputs) > most:
+            raise ParamError(f"batch size {len(self.inputs)} > maximum allowed batch size {most}", "inputs",
+                             status=413)
+        return self
 
-def embed_proto(body: TEIEmbedRequest, model: str, max_batch: int) -> embed_pb2.EmbedRequest:
-    checked_batch(body.inputs, max_batch)
-    request = batch_proto(body.inputs, "inputs", model, max_batch)
+
+def embed_proto(body: TEIEmbedRequest, model: str) -> embed_pb2.EmbedRequest:
+    request = batch_proto(body.inputs, model)
     request.dimensions = body.dimensions or 0
     request.prompt_name = body.prompt_name or ""
     request.normalize = body.normalize
@@ -85,10 +89,6 @@ class TEITokenizeRequest(OpenAIRequest):
         if not isinstance(texts[0], str):
             raise ParamError("`inputs` must be a string or a list of strings", "inputs")
         return texts
-
-
-def is_tei_tokenize(body: dict[str, Any]) -> bool:
-    return "inputs" in body
 
 
 def tokenize_protos(body: TEITokenizeRequest, model: str) -> list[tokenizer_pb2.TokenizeRequest]:

@@ -1,14 +1,19 @@
 """POST /tokenize and POST /detokenize, with vLLM's shapes, for every kind of model: the service that
-serves the model tokenizes with the model's own tokenizer (and, for a chat, its chat template)."""
+serves the model tokenizes with the model's own tokenizer (and, for a chat, its chat template). /tokenize
+also takes TEI's body (edge/endpoints/tei.py), told apart by its `inputs` (`either_request`)."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Self
 
+from fastapi import Request
 from pydantic import Field, model_validator
 
 from edge.endpoints.chat import ChatMessage
-from edge.endpoints.common import UINT32_MAX, OpenAIRequest, ParamError, ResponseModel
+from edge.endpoints.common import UINT32_MAX, OpenAIRequest, ResponseModel
+from edge.endpoints.tei import TEITokenizeRequest
+from edge.errors import ParamError, tei_body, use_error_body
+from edge.lean import parse_body
 from tritongate.common.v1 import tokenizer_pb2
 
 
@@ -32,6 +37,19 @@ class TokenizeRequest(OpenAIRequest):
             raise ParamError("'add_special_tokens' applies to 'prompt' only; a chat template adds its own.",
                              "add_special_tokens")
         return self
+
+
+# /tokenize takes either body; /openapi.json declares both.
+EITHER_SCHEMA = {"anyOf": [TokenizeRequest.model_json_schema(), TEITokenizeRequest.model_json_schema()]}
+
+
+def either_request(body: dict[str, Any], request: Request) -> TokenizeRequest | TEITokenizeRequest:
+    """A /tokenize body as the request of the API it speaks: TEI's when it has `inputs` (its errors are then
+    in TEI's shape), else vLLM's."""
+    if "inputs" in body:
+        use_error_body(request, tei_body)
+        return parse_body(TEITokenizeRequest, body, request)
+    return parse_body(TokenizeRequest, body, request)
 
 
 class DetokenizeRequest(OpenAIRequest):

@@ -1,7 +1,8 @@
 """Structured output and tools: chat's `response_format`, `tools`, `tool_choice`, and the legacy
 `functions` / `function_call` (mapped onto tools), with their rules and their part of the generation
-input (Responses' `text.format` and flat function tools go through the same rules); and the
-`tool_calls` / `function_call` of answers and chunks.
+input (Responses' `text.format` and flat function tools, and Anthropic's tools, go through the same rules);
+and the `tool_calls` / `function_call` of answers and chunks. The rules run in the request models'
+validators, which keep what they checked as the request's `Tooling`.
 
 The edge checks shapes and that every schema is a JSON Schema (a 400 naming the parameter); the llm service
 decides what the model's backend can enforce (guided decoding) and parses the model's tool calls.
@@ -10,13 +11,15 @@ decides what the model's backend can enforce (guided decoding) and parses the mo
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal
 
 import orjson
 from jsonschema import SchemaError
 from jsonschema.validators import Draft202012Validator, validator_for
+from pydantic import WithJsonSchema
 
-from edge.endpoints.common import ParamError
+from edge.errors import ParamError
 from tritongate.llm.v1 import llm_pb2
 
 MAX_TOOLS = 128  # OpenAI's limit
@@ -24,6 +27,39 @@ MAX_SCHEMA_BYTES = 64 * 1024  # of one schema, as compact JSON: grammar compilat
 NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # function and json_schema names, as OpenAI's
 TOOL_CHOICES = ("none", "auto", "required")
 ToolLayout = Literal["nested", "functions", "flat", "anthropic"]
+# What the rules below accept of chat's, as /openapi.json declares it.
+FUNCTION_SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "description": {"type": "string"},
+                                                   "parameters": {"type": "object"}, "strict": {"type": "boolean"}},
+                   "required": ["name"]}
+_NAMED = {"type": "object", "properties": {"type": {"const": "function"}, "function": {
+    "type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}},
+          "required": ["type", "function"]}
+CALL_SCHEMA = {"type": "object", "properties": {"id": {"type": "string"}, "type": {"const": "function"}, "function": {
+    "type": "object", "properties": {"name": {"type": "string"}, "arguments": {"type": "string"}},
+    "required": ["name", "arguments"]}}, "required": ["id", "type", "function"]}
+ResponseFormat = Annotated[Any, WithJsonSchema({"anyOf": [
+    {"type": "object", "properties": {"type": {"enum": ["text", "json_object"]}}, "required": ["type"]},
+    {"type": "object", "properties": {"type": {"const": "json_schema"}, "json_schema": {
+        "type": "object", "properties": {"name": {"type": "string"}, "description": {"type": "string"},
+                                         "schema": {"type": "object"}, "strict": {"type": "boolean"}},
+        "required": ["name", "schema"]}}, "required": ["type", "json_schema"]},
+    {"type": "null"}]})]
+Tools = Annotated[Any, WithJsonSchema({"anyOf": [{"type": "array", "maxItems": MAX_TOOLS, "items": {
+    "type": "object", "properties": {"type": {"const": "function"}, "function": FUNCTION_SCHEMA},
+    "required": ["type", "function"]}}, {"type": "null"}]})]
+ToolChoiceJson = Annotated[Any, WithJsonSchema({"anyOf": [{"enum": ["none", "auto", "required"]}, _NAMED,
+                                                          {"type": "null"}]})]
+
+
+@dataclass(frozen=True)
+class Tooling:
+    """A request's function tools, how it lets the model call them and its output format, as its validators
+    checked them: what its generation input takes."""
+
+    tools: list[llm_pb2.Tool] = field(default_factory=list)
+    choice: llm_pb2.ToolChoice | None = None  # None: "auto" with tools, else "none"
+    parallel: bool | None = None  # whether calls may be parallel; None: the default
+    guide: llm_pb2.Guide | None = None  # the output's format
 
 
 def schema_text(schema: Any, param: str, what: str) -> str:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from fastapi import Request, Response
 
-from edge import deps
 from edge.api_router import ok_or_stream
+from edge.app_state import edge_state
 from edge.endpoints import chat
 from edge.lean import lean_router
 from edge.streaming import generate
@@ -16,7 +16,5 @@ router = lean_router()
 @router.post("/v1/chat/completions", tags=["chat"],
              responses=ok_or_stream(chat.ChatCompletion, chat.ChatCompletionChunk))
 async def create_chat_completion(body: chat.ChatCompletionRequest, request: Request) -> Response:
-    settings = deps.settings(request)
-    return await generate(request, deps.clients(request).llm, chat.generation_input(body),
-                          chat.shape(body, settings.reasoning_field), include_usage=body.include_usage,
-                          keepalive_s=settings.sse_keepalive_s)
+    return await generate(request, chat.generation_input(body),
+                          chat.shape(body, edge_state(request).settings.reasoning_field), body.include_usage)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from fastapi import Request, Response
 
-from edge import deps
 from edge.api_router import ok_or_stream
 from edge.endpoints import completions
 from edge.lean import lean_router
@@ -16,6 +15,4 @@ router = lean_router()
 @router.post("/v1/completions", tags=["completions"],
              responses=ok_or_stream(completions.Completion, completions.Completion))
 async def create_completion(body: completions.CompletionRequest, request: Request) -> Response:
-    return await generate(request, deps.clients(request).llm, completions.generation_input(body),
-                          completions.shape(body), include_usage=body.include_usage,
-                          keepalive_s=deps.settings(request).sse_keepalive_s)
+    return await generate(request, completions.generation_input(body), completions.shape(body), body.include_usage)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from fastapi import Request, Response
 
-from edge import deps
 from edge.api_router import ok
+from edge.app_state import edge_state
 from edge.cancel import until_disconnected
 from edge.endpoints import embeddings
 from edge.lean import lean_router
@@ -16,8 +16,9 @@ router = lean_router()
 
 @router.post("/v1/embeddings", tags=["embeddings"], responses=ok(embeddings.CreateEmbeddingResponse))
 async def create_embeddings(body: embeddings.EmbeddingRequest, request: Request) -> Response:
-    client, settings = deps.clients(request).embed, deps.settings(request)
-    model = body.model or await client.directory.default(client.service, settings.default_embedding_model)
-    proto = embeddings.to_proto(body, model, settings.max_embedding_inputs)
+    state = edge_state(request)
+    client = state.clients.embed
+    model = body.model or await client.directory.default(client.service, state.settings.default_embedding_model)
+    proto = embeddings.to_proto(body, model)
     response = await until_disconnected(request, client.embed(proto))
     return Response(embeddings.to_json(response, body.encoding_format), media_type="application/json")

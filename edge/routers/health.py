@@ -14,12 +14,12 @@ from typing import Any, Literal
 
 import grpc
 import orjson
-from fastapi import Response
+from fastapi import Request, Response
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from pydantic import BaseModel
 
 from edge.api_router import api_router
-from edge.deps import ClientsDep
+from edge.app_state import edge_state
 
 router = api_router(tags=["health"])
 
@@ -53,7 +53,8 @@ async def _service_status(channel: grpc.aio.Channel) -> str:
 @router.get("/health", responses=HEALTH_RESPONSES)
 @router.get("/health/ready", responses=HEALTH_RESPONSES)
 @router.get("/v1/health/ready", responses=HEALTH_RESPONSES)
-async def health(clients: ClientsDep) -> Response:
+async def health(request: Request) -> Response:
+    clients = edge_state(request).clients
     statuses = await asyncio.gather(*(_service_status(client.channel) for client in clients.all))
     services = {c.service.name: s for c, s in zip(clients.all, statuses, strict=True)}
     ready = SERVING in statuses

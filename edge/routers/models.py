@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from fastapi import Request
+
 from edge.api_router import api_router
-from edge.deps import DirectoryDep, SettingsDep
+from edge.app_state import edge_state
 from edge.endpoints import models
 from edge.errors import model_not_found
 
@@ -13,13 +15,14 @@ router = api_router(tags=["models"])
 
 
 @router.get("/v1/models", response_model=models.ListModelsResponse)
-async def list_models(directory: DirectoryDep, settings: SettingsDep) -> Any:
-    return models.model_list(list((await directory.models()).values()), settings.default_llm)
+async def list_models(request: Request) -> Any:
+    state = edge_state(request)
+    return models.model_list(list((await state.clients.directory.models()).values()), state.settings.default_llm)
 
 
 @router.get("/v1/models/{model_id:path}", response_model=models.Model)
-async def retrieve_model(model_id: str, directory: DirectoryDep) -> Any:
-    cards = await directory.models()
+async def retrieve_model(model_id: str, request: Request) -> Any:
+    cards = await edge_state(request).clients.directory.models()
     if model_id not in cards:
         raise model_not_found(model_id)
     return models.model_object(cards[model_id])

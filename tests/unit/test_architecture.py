@@ -42,6 +42,28 @@ def test_no_package_imports_a_layer_above_or_beside_it(package: str) -> None:
     assert not offences
 
 
+# The edge's modules that its endpoint modules build on: none of them imports an endpoint or a router.
+EDGE_BASE = ["edge/errors.py", "edge/generation.py", "edge/images.py", "edge/app_state.py", "edge/state"]
+
+
+def _modules_imported(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module)
+    return names
+
+
+def test_the_edges_base_imports_no_endpoint_and_no_router() -> None:
+    paths = [path for base in EDGE_BASE for path in sorted((ROOT / base).rglob("*.py") if (ROOT / base).is_dir()
+                                                               else [ROOT / base])]
+    offences = [f"{path.relative_to(ROOT)} imports {name}" for path in paths for name in _modules_imported(path)
+                if name.startswith(("edge.endpoints", "edge.routers"))]
+    assert len(paths) > len(EDGE_BASE) and not offences
+
+
 def test_the_edge_process_loads_no_service_code_and_no_tritonclient() -> None:
     script = """
 import json, sys

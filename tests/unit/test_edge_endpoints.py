@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 
-from edge.endpoints import chat, completions, embeddings, rerank
+from edge.app_state import UNLIMITED
+from edge.endpoints import chat, completions, embeddings, messages, rerank, responses
 from edge.endpoints.chat import ChatCompletionRequest
-from edge.endpoints.common import ParamError
 from edge.endpoints.completions import CompletionRequest
-from edge.errors import OpenAIError, as_openai_error, from_validation
+from edge.errors import OpenAIError, from_validation
 from tritongate.llm.v1 import llm_pb2
 
 MESSAGES = [{"role": "user", "content": "Hi"}]
@@ -24,16 +25,12 @@ def proto_of(body: ChatCompletionRequest | CompletionRequest) -> llm_pb2.Generat
 
 
 def refusal(model: type[BaseModel], body: dict[str, Any]) -> OpenAIError:
-    """The 400 the edge answers for `body`: as the error handler builds it from the validation error, or
-    from the rule the conversion into the generation input breaks."""
-    try:
-        validated = model.model_validate(body)
-    except ValidationError as exc:
-        errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]
-        return from_validation(RequestValidationError(errors))
-    with pytest.raises(ParamError) as info:
-        proto_of(validated)  # type: ignore[arg-type]
-    return as_openai_error(info.value)
+    """The 400 the edge answers for `body`, as the error handler builds it from the validation error (every
+    rule is checked while validating: converting a validated request cannot fail)."""
+    with pytest.raises(ValidationError) as info:
+        model.model_validate(body)
+    errors = [{**e, "loc": ("body", *e["loc"])} for e in info.value.errors()]
+    return from_validation(RequestValidationError(errors))
 
 
 def test_stream_as_a_string_is_coerced() -> None:
@@ -163,19 +160,42 @@ def test_nested_rules_are_located_by_their_path() -> None:
     assert error.param == "messages[1].role" and "robot" in error.message
 
 
-@pytest.mark.parametrize(("convert", "limit", "body", "param"), [
-    (lambda body, limit: embeddings.to_proto(body, "m", limit), 2,
-     embeddings.EmbeddingRequest(model="m", input=["a", "b", "c"]), "input"),
-    (rerank.ranking_proto, 1, rerank.RankingRequest(model="m", query={"text": "q"},
-                                                    passages=[{"text": "a"}, {"text": "b"}]), "passages"),
-    (rerank.to_proto, 1, rerank.RerankRequest(model="m", query="q", documents=["a", "b"]), "documents"),
+@pytest.mark.parametrize(("model", "setting", "limit", "body", "param"), [
+    (embeddings.EmbeddingRequest, "max_embedding_inputs", 2, {"model": "m", "input": ["a", "b", "c"]}, "input"),
+    (rerank.RankingRequest, "max_rerank_documents", 1,
+     {"model": "m", "query": {"text": "q"}, "passages": [{"text": "a"}, {"text": "b"}]}, "passages"),
+    (rerank.RerankRequest, "max_rerank_documents", 1, {"model": "m", "query": "q", "documents": ["a", "b"]},
+     "documents"),
 ])
-def test_per_request_limits_are_checked_while_building_the_proto(convert: Any, limit: int, body: Any,
-                                                                   param: str) -> None:
-    with pytest.raises(ParamError) as info:
-        convert(body, limit)
-    assert info.value.param == param and str(limit) in info.value.message
-    convert(body, limit + 5)  # within the limit: a proto
+def test_per_request_limits_are_checked_while_validating(model: type[BaseModel], setting: str, limit: int,
+                                                          body: dict[str, Any], param: str) -> None:
+    """The edge's limits reach the validators as pydantic's validation context (the lean routes give it)."""
+    with pytest.raises(ValidationError) as info:
+        model.model_validate(body, context=replace(UNLIMITED, **{setting: limit}))
+    error = from_validation(RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in info.value.errors()]))
+    assert error.param == param and str(limit) in error.message
+    model.model_validate(body, context=replace(UNLIMITED, **{setting: limit + 5}))  # within the limit: a request
+
+
+@pytest.mark.parametrize(("model", "body", "param"), [
+    (ChatCompletionRequest, {"messages": MESSAGES, "tools": [{"type": "function", "function": {"name": "a b"}}]},
+     "tools"),
+    (ChatCompletionRequest, {"messages": MESSAGES, "tool_choice": "required"}, "tool_choice"),
+    (ChatCompletionRequest, {"messages": MESSAGES, "functions": [{"name": "f"}], "function_call": {"name": "g"}},
+     "function_call"),
+    (ChatCompletionRequest, {"messages": MESSAGES, "response_format": {"type": "xml"}}, "response_format"),
+    (responses.ResponseRequest, {"input": "hi", "tools": [{"type": "web_search"}]}, "tools[0].type"),
+    (responses.ResponseRequest, {"input": "hi", "text": {"format": {"type": "xml"}}}, "text.format"),
+    (messages.MessagesRequest, {"max_tokens": 8, "messages": MESSAGES, "tool_choice": {"type": "any"}}, "tool_choice"),
+    (messages.CountTokensRequest, {"messages": MESSAGES, "tools": [{"name": "f"}]}, "tools[0].input_schema"),
+])
+def test_tool_and_format_rules_refuse_while_validating(model: type[BaseModel], body: dict[str, Any], param: str
+                                                       ) -> None:
+    """So that converting a validated request into the generation input cannot fail."""
+    with pytest.raises(ValidationError) as info:
+        model.model_validate({"model": "m", **body})
+    error = from_validation(RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in info.value.errors()]))
+    assert error.param == param
 
 
 @pytest.mark.parametrize("prompt", [[], "", [[]], [1, "a"], [-1], {"text": "x"}, 5, [[1], ["a"]]])

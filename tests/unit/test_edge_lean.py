@@ -1,24 +1,32 @@
 """Lean routes (edge/lean.py): a valid JSON body is served straight, without FastAPI's router; anything else
 goes to FastAPI with its body replayed, so its errors are FastAPI's own; the endpoint's errors are mapped as
-the app's exception handlers map them."""
+the app's exception handlers map them; either way the body is validated with the edge's per-request limits."""
 
 from __future__ import annotations
 
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, Self
 
 import orjson
 from fastapi import FastAPI, Request, Response
 from fastapi.testclient import TestClient
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationInfo, model_validator
 
-from edge.endpoints.common import ParamError
-from edge.errors import install_error_handlers
+from edge.app_state import RequestLimits, limits_of
+from edge.endpoints.common import check_count
+from edge.errors import ParamError, install_error_handlers
 from edge.lean import LeanRoutes, lean_router
 
 
 class Body(BaseModel):
     model: str
     n: int = 1
+    inputs: list[str] = []
+
+    @model_validator(mode="after")
+    def _within_limit(self, info: ValidationInfo) -> Self:
+        check_count(len(self.inputs), limits_of(info).max_embedding_inputs, "inputs")
+        return self
 
 
 def app_with_lean_route() -> tuple[FastAPI, list[str]]:
@@ -92,3 +100,21 @@ def test_an_endpoint_error_is_mapped_as_the_exception_handlers_map_it() -> None:
     assert response.json()["error"] == {"message": "`n` is at most 3.", "type": "invalid_request_error",
                                         "param": "n", "code": None}
     assert ways == ["endpoint"]
+
+
+def test_either_way_the_body_is_validated_with_the_edges_limits() -> None:
+    """FastAPI validates a body without the edge's limits: on that way the endpoint gets it validated again,
+    with them, so a body over a limit is refused the same whichever way it comes."""
+    app, ways = app_with_lean_route()
+    app.state.edge = SimpleNamespace(limits=RequestLimits(max_embedding_inputs=2, max_rerank_documents=1))
+    over = orjson.dumps({"model": "m", "inputs": ["a", "b", "c"]})
+    with TestClient(app) as client:
+        lean = client.post("/v1/thing", content=over, headers={"Content-Type": "application/json"})
+        fastapi = client.post("/v1/thing", content=over, headers={"Content-Type": "application/merge-patch+json"})
+        within = client.post("/v1/thing", json={"model": "m", "inputs": ["a", "b"]})
+    assert lean.status_code == fastapi.status_code == 400
+    assert lean.json() == fastapi.json() == {"error": {
+        "message": "'inputs' has 3 items; at most 2 are allowed.", "type": "invalid_request_error",
+        "param": "inputs", "code": None}}
+    assert within.status_code == 200
+    assert ways == ["fastapi", "fastapi", "endpoint"]  # the lean way replayed the refused body to FastAPI

@@ -1,5 +1,6 @@
 """The Responses API's output items and stream events for an answer with text and tool calls (which the
-demo models, forced to call or not, never mix), and its input items as chat messages."""
+demo models, forced to call or not, never mix), its input items as chat messages, and the stored
+conversation."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ from typing import Any
 
 import pytest
 
-from edge.endpoints.common import ParamError
 from edge.endpoints.llm_common import Collected
-from edge.endpoints.response_input import chat_json, from_chat_json, input_messages
-from edge.endpoints.responses import ResponseRecorder, ResponseRequest, Stored
+from edge.endpoints.response_input import input_messages
+from edge.endpoints.response_output import ResponseRecorder
+from edge.endpoints.responses import ResponseRequest, Stored, history, stored
+from edge.errors import OpenAIError, ParamError
 from edge.state import Limits, Space
 from edge.state.memory import MemoryStore
 from tests.support.openai_schema import validate
@@ -49,9 +51,10 @@ async def test_a_whole_answer_is_the_message_then_each_call_and_is_stored() -> N
     assert all(c["id"].startswith("fc_") and c["status"] == "completed" for c in calls)
     assert await store.get("resp-1") is None  # stored once persisted, before the client sees it
     await record.persist()
-    stored = await store.get("resp-1")
-    assert stored is not None and Stored.decoded(stored).response == response
-    assert Stored.decoded(stored).conversation[-1] == {
+    value = await store.get("resp-1")
+    assert value is not None and Stored.decoded(value).response == response
+    conversation = Stored.decoded(value).conversation
+    assert conversation is not None and as_json(conversation[-1]) == {
         "role": "assistant", "content": "Let me look.", "tool_calls": [
             {"id": "call_a", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Paris"}'}},
             {"id": "call_b", "type": "function", "function": {"name": "time", "arguments": "{}"}}]}
@@ -114,11 +117,36 @@ def test_calls_and_their_outputs_become_chats_tool_messages() -> None:
     assert as_chat([said, CALL]) == [{"role": "assistant", "content": "Let me look.", "tool_calls": [TOOL_CALL]}]
 
 
+def as_json(message: llm_pb2.ChatMessage) -> dict[str, Any]:
+    """A chat message in OpenAI's JSON, as the assertions here read it."""
+    if not message.tool_calls:
+        return {"role": message.role, "content": message.content,
+                **({"tool_call_id": message.tool_call_id} if message.tool_call_id else {})}
+    calls = [{"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+             for call in message.tool_calls]
+    return {"role": message.role, "content": message.content or None, "tool_calls": calls}
+
+
 def as_chat(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The input items as the chat messages a stored conversation keeps, which read back the same."""
     messages = input_messages(items).messages
-    assert [from_chat_json(chat_json(message)) for message in messages] == messages
-    return [chat_json(message) for message in messages]
+    assert Stored.decoded(Stored({"id": "resp-1"}, messages).encoded()).conversation == messages
+    return [as_json(message) for message in messages]
+
+
+async def test_a_response_stored_by_the_previous_version_is_served_but_continues_nothing() -> None:
+    """The previous version kept the conversation in JSON: its Response is still served, and a follow-up
+    finds it expired (a 400, as for any response no longer stored), not a 500."""
+    store = MemoryStore().space("responses", Limits(10, 60))
+    response = {"id": "resp-old", "object": "response", "output": []}
+    await store.put("resp-old", json.dumps({"response": response, "conversation": [
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}).encode())
+    found = await stored(store, "resp-old")
+    assert found is not None and found.response == response
+    follow_up = ResponseRequest.model_validate({"model": "m", "input": "again", "previous_response_id": "resp-old"})
+    with pytest.raises(OpenAIError) as error:
+        await history(follow_up, store)
+    assert (error.value.status, error.value.code) == (400, "previous_response_not_found")
 
 
 @pytest.mark.parametrize(("item", "param"), [

@@ -1,4 +1,4 @@
-"""Image input: the edge's loading and checks (edge/endpoints/images.py: `data:` URLs, fetching from allowed
+"""Image input: the edge's loading and checks (edge/images.py: `data:` URLs, fetching from allowed
 hosts through a real local HTTP server, private addresses, redirects, limits), where chat and Responses
 name each image, and the service's side (the template's content parts, vLLM's `image` tensor)."""
 
@@ -16,9 +16,10 @@ import pytest
 from PIL import Image
 
 from edge.endpoints.chat import ChatCompletionRequest, generation_input
-from edge.endpoints.common import ParamError
-from edge.endpoints.images import ImageLimits, attach, load_image, sniff
-from edge.endpoints.response_input import chat_json, from_chat_json, input_messages
+from edge.endpoints.response_input import input_messages
+from edge.endpoints.responses import Stored
+from edge.errors import ParamError
+from edge.images import ImageLimits, attach, load_image, sniff
 from services.llm.backends import Sampling
 from services.llm.tools import template_messages
 from services.llm.vllm import Vllm
@@ -207,13 +208,15 @@ def test_image_parts_only_in_user_messages() -> None:
         chat(image_part(data_url(picture("PNG"))), role="assistant")
 
 
-async def test_responses_input_image_items_take_the_same_path_and_are_stored_as_data_urls() -> None:
+async def test_responses_input_image_items_take_the_same_path_and_are_stored_with_their_bytes() -> None:
     png = picture("PNG")
     parsed = input_messages([{"role": "user", "content": [{"type": "input_text", "text": "What is it?"},
                                                           {"type": "input_image", "image_url": data_url(png)}]}])
     assert [image.param for image in parsed.images] == ["input[0].content[1].image_url"]
     await attach(parsed.images, common_pb2.ModelCard(id="m", image_input=True), limits())
-    stored = from_chat_json(chat_json(parsed.messages[0]))
+    conversation = Stored.decoded(Stored({"id": "resp-1"}, parsed.messages).encoded()).conversation
+    assert conversation is not None
+    stored = conversation[0]
     assert stored.content == "What is it?" and [(i.data, i.mime_type) for i in stored.images] == [(png, "image/png")]
     with pytest.raises(ParamError) as error:
         input_messages([{"role": "user", "content": [{"type": "input_image", "file_id": "file-1"}]}])

@@ -10,10 +10,9 @@ import pytest
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
-from edge.endpoints import messages
-from edge.endpoints.common import ParamError
+from edge.endpoints import message_output, messages
 from edge.endpoints.llm_common import Collected
-from edge.errors import OpenAIError, from_validation
+from edge.errors import OpenAIError, ParamError, from_validation
 from tests.support.anthropic_schema import validate_error
 from tritongate.common.v1 import common_pb2
 from tritongate.llm.v1 import llm_pb2
@@ -143,7 +142,7 @@ def test_bad_input_is_refused_naming_its_place(fields: dict[str, Any], param: st
 
 
 def test_a_stop_string_and_each_finish_give_anthropics_stop_reason() -> None:
-    shape = messages.MessageShape()
+    shape = message_output.MessageShape()
     head = {"id": "msg-1", "model": "m"}
     for finish, stop, expected in [("stop", "", ("end_turn", None)), ("length", "", ("max_tokens", None)),
                                    ("tool_calls", "", ("tool_use", None)), ("stop", "END", ("stop_sequence", "END"))]:
@@ -165,7 +164,7 @@ def test_errors_have_anthropics_shape_on_its_routes_only() -> None:
 
 def test_image_blocks_become_the_user_messages_pending_images() -> None:
     """Base64 sources as `data:` URLs, URL sources as they are, each under its own parameter; the image
-    loader (edge/endpoints/images.py) checks and loads them before the request goes out."""
+    loader (edge/images.py) checks and loads them before the request goes out."""
     generation = messages.generation_input(messages.MessagesRequest.model_validate({
         "model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": [
             {"type": "text", "text": "What is this?"},

@@ -21,14 +21,18 @@ import pytest
 from pydantic import BaseModel, TypeAdapter
 
 import edge.endpoints
+from edge.app_state import Sessions
 from edge.endpoints import (
     chat,
     completions,
     embeddings,
     interactive,
-    messages,
+    message_output,
+    message_schemas,
     models,
     rerank,
+    response_output,
+    response_schemas,
     responses,
     tei,
     tokenize,
@@ -193,14 +197,15 @@ def responses_cases() -> Iterator[Case]:
         for generation in [*GENERATIONS[:2], GENERATIONS[3], *WITH_CALLS, *WITH_REASONING]:
             name = f"response {request_name} {generation.name}"
             body = responses.ResponseRequest.model_validate(request)
-            recorder = responses.ResponseRecorder(body, [], store)
+            recorder = response_output.ResponseRecorder(body, [], store)
             head = {**HEAD, "object": recorder.object}
             usage = REASONED if generation in WITH_REASONING else USAGE
-            yield Case(f"{name}: response", responses.Response, recorder.response(head, collected(generation), usage),
-                       "Response")
+            yield Case(f"{name}: response", response_schemas.Response,
+                       recorder.response(head, collected(generation), usage), "Response")
             for i, (event, payload) in enumerate(sse_payloads(framed(recorder.events(head), generation, usage))):
                 assert event == payload["type"]
-                yield Case(f"{name}: event {i} {event}", responses.ResponseStreamEvent, payload, "ResponseStreamEvent")
+                yield Case(f"{name}: event {i} {event}", response_schemas.ResponseStreamEvent, payload,
+                           "ResponseStreamEvent")
 
 
 THINKING = [llm_pb2.Delta(reasoning="Hmm, "), llm_pb2.Delta(reasoning="Paris.", text="It is"),
@@ -212,19 +217,20 @@ MESSAGE_GENERATIONS = [*GENERATIONS[:2], GENERATIONS[3], *WITH_CALLS, Generation
 
 def messages_cases() -> Iterator[Case]:
     """Anthropic's Message, stream events, token count and error, also against its published shapes."""
-    shape = messages.MessageShape()
+    shape = message_output.MessageShape()
     head = {**HEAD, "object": shape.object}
     for generation in MESSAGE_GENERATIONS:
         name = f"message {generation.name}"
-        yield Case(f"{name}: response", messages.Message, shape.response(head, collected(generation), USAGE),
+        yield Case(f"{name}: response", message_schemas.Message, shape.response(head, collected(generation), USAGE),
                    anthropic_schema.validate_message)
         for i, (event, payload) in enumerate(sse_payloads(framed(shape.events(head), generation))):
             assert event == payload["type"]
-            yield Case(f"{name}: event {i} {event}", messages.MessageStreamEvent, payload,
+            yield Case(f"{name}: event {i} {event}", message_schemas.MessageStreamEvent, payload,
                        anthropic_schema.validate_event)
-    yield Case("message token count", messages.TokenCount, messages.token_count(12), anthropic_schema.validate_count)
+    yield Case("message token count", message_schemas.TokenCount, message_output.token_count(12),
+               anthropic_schema.validate_count)
     for status in (400, 401, 404, 413, 429, 500, 503, 504):
-        yield Case(f"message error {status}", messages.AnthropicError,
+        yield Case(f"message error {status}", message_schemas.AnthropicError,
                    OpenAIError(status, "refused").body("/v1/messages"), anthropic_schema.validate_error)
 
 
@@ -306,9 +312,9 @@ async def streamed(turn: interactive.Turn, generation: Generation, failure: Exce
 
 
 async def interactive_cases() -> list[Case]:
-    sessions = interactive.Sessions(MemoryStore().space("sessions", Limits(10, 60)),
+    sessions = Sessions(MemoryStore().space("sessions", Limits(10, 60)),
                                     MemoryStore().space("cancels", Limits(10, 60)))
-    session = interactive.Session("m", [{"role": "user", "content": "before"}], tokens=3)
+    session = interactive.Session("m", [llm_pb2.ChatMessage(role="user", content="before")], tokens=3)
 
     def turn(stream: bool) -> interactive.Turn:
         body = interactive.InteractiveRequest.model_validate({"prompt": "hi", "session_id": 7, "stream": stream})

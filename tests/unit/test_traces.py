@@ -60,7 +60,7 @@ CHAT = [
     "edge.routers.chat.create_chat_completion",
     "edge.endpoints.chat.generation_input",
     "edge.streaming.generate",
-    "edge.endpoints.generation.GenerationInput.proto",
+    "edge.generation.GenerationInput.proto",
     "edge.clients.LlmClient.generate",
     "edge.directory.ModelDirectory.route",
     "edge.many.ManyGeneration",

@@ -1,9 +1,10 @@
-"""The one input of every generation front end: chat, completions, Responses and LMDeploy's interactive
-chat each convert their own request straight into a `GenerationInput`, and the generation path
-(edge/streaming.py) sends its GenerateRequest to the llm service.
+"""The one input of every generation front end: chat, completions, Responses, Anthropic's Messages and
+LMDeploy's interactive chat each convert their own request straight into a `GenerationInput`, and the
+generation path (edge/streaming.py) sends its GenerateRequest to the llm service.
 
 A front end validates its request under its own names (pydantic, and `ParamError`s naming the client's
-own parameter path, such as `input[3].content`), and never passes through another endpoint's request.
+own parameter path, such as `input[3].content`), every rule while validating, so that converting the
+validated request cannot fail; it never passes through another endpoint's request.
 What the llm service refuses is named by the GenerateRequest's fields (`max_tokens`, `response_format`,
 `messages`, ...): `names` maps each to what this front end's client calls it, so that the refusal names
 the client's parameter too (edge/clients.py applies it to the service's errors).
@@ -15,15 +16,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from edge.endpoints.images import PendingImage
+from edge.images import PendingImage
 from tritongate.llm.v1 import llm_pb2
 
 INT64_LIMIT = 2**63  # seeds from 2^63 to 2^64 - 1 (OpenAI allows them) travel as their int64 bit pattern
 
 
 @dataclass(frozen=True, slots=True)
-class Sampling:
-    """How to sample; None leaves the model's default (the proto's optional field stays unset)."""
+class SamplingRequest:
+    """How the client asked to sample; None leaves the model's default (the proto's optional field stays
+    unset). The llm service resolves it into the backend's own `Sampling`."""
 
     max_tokens: int | None = None
     temperature: float | None = None
@@ -68,7 +70,7 @@ class GenerationInput:
     output format) or raw `prompts` (completions), how to sample, and how to answer."""
 
     model: str
-    sampling: Sampling
+    sampling: SamplingRequest
     messages: Sequence[llm_pb2.ChatMessage] = ()
     prompts: Sequence[llm_pb2.Prompt] = ()
     images: Sequence[PendingImage] = ()  # the messages' images, loaded into them before the request is sent

@@ -27,7 +27,7 @@ from urllib.parse import unquote_to_bytes
 
 import httpx
 
-from edge.endpoints.common import ParamError
+from edge.errors import ParamError
 from tritongate.common.v1 import common_pb2
 from tritongate.llm.v1 import llm_pb2
 from tritongate.settings import Settings
@@ -194,14 +194,3 @@ async def attach(pending: Sequence[PendingImage], card: common_pb2.ModelCard, li
     images = await asyncio.gather(*(load_image(image.url, image.param, limits) for image in pending))
     for image, loaded in zip(pending, images, strict=True):
         image.message.images.append(loaded)
-
-
-def data_url(image: llm_pb2.Image) -> str:
-    """An image as a `data:` URL (how a stored conversation keeps it)."""
-    return f"data:{image.mime_type};base64,{base64.b64encode(image.data).decode('ascii')}"
-
-
-def stored_image(url: str) -> llm_pb2.Image:
-    """An image this server stored as a `data:` URL (checked when it came)."""
-    head, _, payload = url[5:].partition(",")
-    return llm_pb2.Image(data=base64.b64decode(payload), mime_type=head.removesuffix(";base64"))
