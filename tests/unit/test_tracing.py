@@ -13,6 +13,15 @@ import pytest
 
 pytest.importorskip("opentelemetry.sdk")
 
+# The end of each script: every finished span, as one JSON line.
+SPANS = textwrap.dedent('''
+    provider.force_flush()
+    print(json.dumps([{"name": s.name, "kind": s.kind.name, "trace": s.context.trace_id, "id": s.context.span_id,
+                       "parent": s.parent.span_id if s.parent else None,
+                       "request_id": s.attributes.get("tritongate.request_id")}
+                      for s in memory.get_finished_spans()]))
+''')
+
 SCRIPT = textwrap.dedent('''
     import asyncio, json
     import grpc, httpx
@@ -52,12 +61,7 @@ SCRIPT = textwrap.dedent('''
 
     asyncio.run(grpc_call())
     asyncio.run(http_call())
-    provider.force_flush()
-    print(json.dumps([{"name": s.name, "kind": s.kind.name, "trace": s.context.trace_id, "id": s.context.span_id,
-                       "parent": s.parent.span_id if s.parent else None,
-                       "request_id": s.attributes.get("tritongate.request_id")}
-                      for s in memory.get_finished_spans()]))
-''')
+''') + SPANS
 
 
 def test_spans_cross_the_grpc_hop_and_carry_the_request_id() -> None:
@@ -130,12 +134,7 @@ MANY = textwrap.dedent('''
         await server.stop(None)
 
     asyncio.run(main())
-    provider.force_flush()
-    print(json.dumps([{"name": s.name, "kind": s.kind.name, "trace": s.context.trace_id, "id": s.context.span_id,
-                       "parent": s.parent.span_id if s.parent else None,
-                       "request_id": s.attributes.get("tritongate.request_id")}
-                      for s in memory.get_finished_spans()]))
-''')
+''') + SPANS
 
 
 def test_a_generation_on_a_shared_stream_has_its_own_span_under_the_edges() -> None:
