@@ -83,6 +83,8 @@ class GenerationInput:
     logprobs: bool = False
     top_logprobs: int = 0
     echo: bool = False  # completions: the prompt before the completion
+    hosted_tools: Sequence[llm_pb2.HostedTool] = ()  # tools no model can run here: never offered to it
+    fit_max_tokens: bool = False  # a max_tokens above the context's room is cut to it, not refused
     names: Mapping[str, str] = field(default_factory=dict)  # GenerateRequest field → the client's parameter
 
     def param(self, name: str) -> str:
@@ -97,7 +99,8 @@ class GenerationInput:
 
     def proto(self) -> llm_pb2.GenerateRequest:
         proto = llm_pb2.GenerateRequest(model=self.model, logprobs=self.logprobs, top_logprobs=self.top_logprobs,
-                                        echo=self.echo)
+                                        echo=self.echo, hosted_tools=self.hosted_tools,
+                                        fit_max_tokens=self.fit_max_tokens)
         self.sampling.fill(proto)
         if self.prompts:
             proto.prompts.prompts.extend(self.prompts)

@@ -10,6 +10,7 @@ goes away cancels the stream, which cancels the Triton requests.
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
@@ -29,6 +30,8 @@ from edge.images import attach
 from edge.sse import data_event, sse_response
 from tritongate.common.v1 import common_pb2
 from tritongate.llm.v1 import llm_pb2
+
+log = logging.getLogger(__name__)
 
 
 class Collector(Protocol):
@@ -116,6 +119,9 @@ async def run(request: Request, generation_input: GenerationInput, answer: Answe
     client = state.clients.llm
     head = {"id": f"{answer.collector.prefix}{uuid.uuid4().hex}", "object": answer.collector.object,
             "created": int(time.time()), "model": generation_input.model}
+    if generation_input.hosted_tools:  # accepted, never offered to the model: say so once per request
+        log.info("hosted tools not offered to the model (none can run here): %s", ", ".join(
+            f"{tool.type} ({tool.param})" for tool in generation_input.hosted_tools))
     if generation_input.images:
         card = await client.directory.route(generation_input.model, client.service)
         await attach(generation_input.images, card, state.images)

@@ -41,16 +41,23 @@ class CompletionTokensDetails(ResponseModel):
     reasoning_tokens: int
 
 
+class PromptTokensDetails(ResponseModel):
+    cached_tokens: int
+
+
 class Usage(ResponseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None  # when the backend reported reusing its cache
     completion_tokens_details: CompletionTokensDetails | None = None  # when the model reasoned
 
 
 def usage_object(usage: common_pb2.Usage) -> dict[str, Any]:
     counts: dict[str, Any] = {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
                               "total_tokens": usage.total_tokens}
+    if usage.cached_tokens:
+        counts["prompt_tokens_details"] = {"cached_tokens": usage.cached_tokens}
     if usage.reasoning_tokens:
         counts["completion_tokens_details"] = {"reasoning_tokens": usage.reasoning_tokens}
     return counts

@@ -90,7 +90,9 @@ CALLS = [
 TEXT_THEN_CALL = [llm_pb2.Delta(text="Let me look."), *CALLS]
 # A reasoning model: thinking, then the answer (or a call); and one cut by max_tokens while thinking.
 THINKING = [llm_pb2.Delta(reasoning="The user "), llm_pb2.Delta(reasoning="greets me.")]
-REASONED = common_pb2.Usage(prompt_tokens=5, completion_tokens=7, total_tokens=12, reasoning_tokens=4)
+# Its usage has every detail: the thinking's tokens, and prompt tokens the backend took from its cache.
+REASONED = common_pb2.Usage(prompt_tokens=5, completion_tokens=7, total_tokens=12, reasoning_tokens=4,
+                            cached_tokens=3)
 
 
 @dataclass

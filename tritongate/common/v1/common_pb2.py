@@ -24,29 +24,29 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!tritongate/common/v1/common.proto\x12\x14tritongate.common.v1\"\x13\n\x11ListModelsRequest\"\xe9\x01\n\tModelCard\x12\n\n\x02id\x18\x01 \x01(\t\x12-\n\x04kind\x18\x07 \x01(\x0e\x32\x1f.tritongate.common.v1.ModelKind\x12\x0f\n\x07\x63reated\x18\x03 \x01(\x03\x12\x15\n\rmax_model_len\x18\x04 \x01(\r\x12\x14\n\x0ctriton_model\x18\x05 \x01(\t\x12\x12\n\ndimensions\x18\x06 \x01(\r\x12\x0e\n\x06parent\x18\x08 \x01(\t\x12\x13\n\x0bimage_input\x18\t \x01(\x08\x12\x11\n\treasoning\x18\n \x01(\x08\x12\x11\n\tmax_beams\x18\x0b \x01(\rJ\x04\x08\x02\x10\x03\"E\n\x12ListModelsResponse\x12/\n\x06models\x18\x01 \x03(\x0b\x32\x1f.tritongate.common.v1.ModelCard\"i\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x14\n\x0ctotal_tokens\x18\x03 \x01(\r\x12\x18\n\x10reasoning_tokens\x18\x04 \x01(\r\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"I\n\x0bItemContext\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttimeout_s\x18\x02 \x01(\x01\x12\x13\n\x0btraceparent\x18\x03 \x01(\t\"M\n\tItemError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\r\n\x05param\x18\x03 \x01(\t\x12\x12\n\nerror_code\x18\x04 \x01(\t\"\x85\x01\n\x07Timings\x12\x14\n\x07queue_s\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x1b\n\x0etokenization_s\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12\x18\n\x0binference_s\x18\x03 \x01(\x01H\x02\x88\x01\x01\x42\n\n\x08_queue_sB\x11\n\x0f_tokenization_sB\x0e\n\x0c_inference_s*l\n\tModelKind\x12\x1a\n\x16MODEL_KIND_UNSPECIFIED\x10\x00\x12\x12\n\x0eMODEL_KIND_LLM\x10\x01\x12\x18\n\x14MODEL_KIND_EMBEDDING\x10\x02\x12\x15\n\x11MODEL_KIND_RERANK\x10\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!tritongate/common/v1/common.proto\x12\x14tritongate.common.v1\"\x13\n\x11ListModelsRequest\"\xe9\x01\n\tModelCard\x12\n\n\x02id\x18\x01 \x01(\t\x12-\n\x04kind\x18\x07 \x01(\x0e\x32\x1f.tritongate.common.v1.ModelKind\x12\x0f\n\x07\x63reated\x18\x03 \x01(\x03\x12\x15\n\rmax_model_len\x18\x04 \x01(\r\x12\x14\n\x0ctriton_model\x18\x05 \x01(\t\x12\x12\n\ndimensions\x18\x06 \x01(\r\x12\x0e\n\x06parent\x18\x08 \x01(\t\x12\x13\n\x0bimage_input\x18\t \x01(\x08\x12\x11\n\treasoning\x18\n \x01(\x08\x12\x11\n\tmax_beams\x18\x0b \x01(\rJ\x04\x08\x02\x10\x03\"E\n\x12ListModelsResponse\x12/\n\x06models\x18\x01 \x03(\x0b\x32\x1f.tritongate.common.v1.ModelCard\"\x80\x01\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x14\n\x0ctotal_tokens\x18\x03 \x01(\r\x12\x18\n\x10reasoning_tokens\x18\x04 \x01(\r\x12\x15\n\rcached_tokens\x18\x05 \x01(\r\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"I\n\x0bItemContext\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttimeout_s\x18\x02 \x01(\x01\x12\x13\n\x0btraceparent\x18\x03 \x01(\t\"M\n\tItemError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\r\n\x05param\x18\x03 \x01(\t\x12\x12\n\nerror_code\x18\x04 \x01(\t\"\x85\x01\n\x07Timings\x12\x14\n\x07queue_s\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x1b\n\x0etokenization_s\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12\x18\n\x0binference_s\x18\x03 \x01(\x01H\x02\x88\x01\x01\x42\n\n\x08_queue_sB\x11\n\x0f_tokenization_sB\x0e\n\x0c_inference_s*l\n\tModelKind\x12\x1a\n\x16MODEL_KIND_UNSPECIFIED\x10\x00\x12\x12\n\x0eMODEL_KIND_LLM\x10\x01\x12\x18\n\x14MODEL_KIND_EMBEDDING\x10\x02\x12\x15\n\x11MODEL_KIND_RERANK\x10\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'tritongate.common.v1.common_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_MODELKIND']._serialized_start=809
-  _globals['_MODELKIND']._serialized_end=917
+  _globals['_MODELKIND']._serialized_start=833
+  _globals['_MODELKIND']._serialized_end=941
   _globals['_LISTMODELSREQUEST']._serialized_start=59
   _globals['_LISTMODELSREQUEST']._serialized_end=78
   _globals['_MODELCARD']._serialized_start=81
   _globals['_MODELCARD']._serialized_end=314
   _globals['_LISTMODELSRESPONSE']._serialized_start=316
   _globals['_LISTMODELSRESPONSE']._serialized_end=385
-  _globals['_USAGE']._serialized_start=387
-  _globals['_USAGE']._serialized_end=492
-  _globals['_TOKENIDS']._serialized_start=494
-  _globals['_TOKENIDS']._serialized_end=517
-  _globals['_ITEMCONTEXT']._serialized_start=519
-  _globals['_ITEMCONTEXT']._serialized_end=592
-  _globals['_ITEMERROR']._serialized_start=594
-  _globals['_ITEMERROR']._serialized_end=671
-  _globals['_TIMINGS']._serialized_start=674
-  _globals['_TIMINGS']._serialized_end=807
+  _globals['_USAGE']._serialized_start=388
+  _globals['_USAGE']._serialized_end=516
+  _globals['_TOKENIDS']._serialized_start=518
+  _globals['_TOKENIDS']._serialized_end=541
+  _globals['_ITEMCONTEXT']._serialized_start=543
+  _globals['_ITEMCONTEXT']._serialized_end=616
+  _globals['_ITEMERROR']._serialized_start=618
+  _globals['_ITEMERROR']._serialized_end=695
+  _globals['_TIMINGS']._serialized_start=698
+  _globals['_TIMINGS']._serialized_end=831
 # @@protoc_insertion_point(module_scope)

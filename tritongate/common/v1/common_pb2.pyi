@@ -156,6 +156,7 @@ class Usage(_message.Message):
     COMPLETION_TOKENS_FIELD_NUMBER: _builtins.int
     TOTAL_TOKENS_FIELD_NUMBER: _builtins.int
     REASONING_TOKENS_FIELD_NUMBER: _builtins.int
+    CACHED_TOKENS_FIELD_NUMBER: _builtins.int
     prompt_tokens: _builtins.int
     """Tokens in the input (prompt, texts, or query and documents)."""
     completion_tokens: _builtins.int
@@ -164,6 +165,10 @@ class Usage(_message.Message):
     """prompt_tokens + completion_tokens."""
     reasoning_tokens: _builtins.int
     """Of completion_tokens, those spent on reasoning (thinking)."""
+    cached_tokens: _builtins.int
+    """Of prompt_tokens, those the backend reports it took from its cache of earlier prompts (0 when it does
+    not report any).
+    """
     def __init__(
         self,
         *,
@@ -171,10 +176,11 @@ class Usage(_message.Message):
         completion_tokens: _builtins.int = ...,
         total_tokens: _builtins.int = ...,
         reasoning_tokens: _builtins.int = ...,
+        cached_tokens: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["completion_tokens", b"completion_tokens", "prompt_tokens", b"prompt_tokens", "reasoning_tokens", b"reasoning_tokens", "total_tokens", b"total_tokens"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cached_tokens", b"cached_tokens", "completion_tokens", b"completion_tokens", "prompt_tokens", b"prompt_tokens", "reasoning_tokens", b"reasoning_tokens", "total_tokens", b"total_tokens"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -26,7 +26,7 @@ from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from tritongate.common.v1 import common_pb2 as tritongate_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1btritongate/llm/v1/llm.proto\x12\x11tritongate.llm.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a!tritongate/common/v1/common.proto\"7\n\x08ToolCall\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x11\n\targuments\x18\x03 \x01(\t\"(\n\x05Image\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x11\n\tmime_type\x18\x02 \x01(\t\"\xbe\x01\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12/\n\ntool_calls\x18\x04 \x03(\x0b\x32\x1b.tritongate.llm.v1.ToolCall\x12\x14\n\x0ctool_call_id\x18\x05 \x01(\t\x12(\n\x06images\x18\x06 \x03(\x0b\x32\x18.tritongate.llm.v1.Image\x12\x11\n\treasoning\x18\x07 \x01(\t\"M\n\x04Tool\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x12\n\nparameters\x18\x03 \x01(\t\x12\x0e\n\x06strict\x18\x04 \x01(\x08\",\n\nToolChoice\x12\x0c\n\x04mode\x18\x01 \x01(\t\x12\x10\n\x08\x66unction\x18\x02 \x01(\t\"\xce\x01\n\x04\x43hat\x12\x30\n\x08messages\x18\x01 \x03(\x0b\x32\x1e.tritongate.llm.v1.ChatMessage\x12&\n\x05tools\x18\x02 \x03(\x0b\x32\x17.tritongate.llm.v1.Tool\x12\x32\n\x0btool_choice\x18\x03 \x01(\x0b\x32\x1d.tritongate.llm.v1.ToolChoice\x12 \n\x13parallel_tool_calls\x18\x04 \x01(\x08H\x00\x88\x01\x01\x42\x16\n\x14_parallel_tool_calls\"=\n\x05Guide\x12\x15\n\x0bjson_object\x18\x01 \x01(\x08H\x00\x12\x15\n\x0bjson_schema\x18\x02 \x01(\tH\x00\x42\x06\n\x04kind\"W\n\x06Prompt\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12\x33\n\ttoken_ids\x18\x02 \x01(\x0b\x32\x1e.tritongate.common.v1.TokenIdsH\x00\x42\x08\n\x06prompt\"5\n\x07Prompts\x12*\n\x07prompts\x18\x01 \x03(\x0b\x32\x19.tritongate.llm.v1.Prompt\"\xf9\x07\n\x0fGenerateRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12-\n\x07prompts\x18\x14 \x01(\x0b\x32\x1a.tritongate.llm.v1.PromptsH\x00\x12\'\n\x04\x63hat\x18\x04 \x01(\x0b\x32\x17.tritongate.llm.v1.ChatH\x00\x12\t\n\x01n\x18\x05 \x01(\r\x12\x17\n\nmax_tokens\x18\x06 \x01(\rH\x01\x88\x01\x01\x12\x18\n\x0btemperature\x18\x07 \x01(\x02H\x02\x88\x01\x01\x12\x12\n\x05top_p\x18\x08 \x01(\x02H\x03\x88\x01\x01\x12\x12\n\x05top_k\x18\t \x01(\rH\x04\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\n \x01(\x02H\x05\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\x0b \x01(\x02H\x06\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\x0c \x01(\x02H\x07\x88\x01\x01\x12\x11\n\x04seed\x18\r \x01(\x03H\x08\x88\x01\x01\x12\x0c\n\x04stop\x18\x0e \x03(\t\x12\x45\n\nlogit_bias\x18\x0f \x03(\x0b\x32\x31.tritongate.llm.v1.GenerateRequest.LogitBiasEntry\x12\x10\n\x08logprobs\x18\x10 \x01(\x08\x12\x14\n\x0ctop_logprobs\x18\x11 \x01(\r\x12\x0c\n\x04\x65\x63ho\x18\x12 \x01(\x08\x12\x16\n\tdo_sample\x18\x13 \x01(\x08H\t\x88\x01\x01\x12\x12\n\x05min_p\x18\x16 \x01(\x02H\n\x88\x01\x01\x12\x17\n\nmin_tokens\x18\x17 \x01(\rH\x0b\x88\x01\x01\x12\x12\n\nignore_eos\x18\x18 \x01(\x08\x12\"\n\x1ainclude_stop_str_in_output\x18\x19 \x01(\x08\x12 \n\x13skip_special_tokens\x18\x1a \x01(\x08H\x0c\x88\x01\x01\x12\x35\n\x14\x63hat_template_kwargs\x18\x1b \x01(\x0b\x32\x17.google.protobuf.Struct\x12\'\n\x05guide\x18\x1c \x01(\x0b\x32\x18.tritongate.llm.v1.Guide\x12\x12\n\nbeam_width\x18\x1d \x01(\r\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x07\n\x05inputB\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x15\n\x13_repetition_penaltyB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penaltyB\x07\n\x05_seedB\x0c\n\n_do_sampleB\x08\n\x06_min_pB\r\n\x0b_min_tokensB\x16\n\x14_skip_special_tokensJ\x04\x08\x02\x10\x03J\x04\x08\x03\x10\x04J\x04\x08\x15\x10\x16\"2\n\x08\x41\x63\x63\x65pted\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x0f\n\x07\x63hoices\x18\x02 \x01(\r\";\n\nTopLogprob\x12\r\n\x05token\x18\x01 \x01(\t\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\r\n\x05\x62ytes\x18\x03 \x01(\x0c\"\x87\x01\n\x0cTokenLogprob\x12\r\n\x05token\x18\x01 \x01(\t\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\r\n\x05\x62ytes\x18\x03 \x01(\x0c\x12\x13\n\x0btext_offset\x18\x04 \x01(\r\x12\x33\n\x0ctop_logprobs\x18\x05 \x03(\x0b\x32\x1d.tritongate.llm.v1.TopLogprob\"\xcc\x01\n\x05\x44\x65lta\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x15\n\rfinish_reason\x18\x03 \x01(\t\x12\x31\n\x08logprobs\x18\x04 \x03(\x0b\x32\x1f.tritongate.llm.v1.TokenLogprob\x12\x34\n\ntool_calls\x18\x05 \x03(\x0b\x32 .tritongate.llm.v1.ToolCallDelta\x12\x11\n\treasoning\x18\x06 \x01(\t\x12\x13\n\x0bstop_string\x18< \x01(\t\"K\n\rToolCallDelta\x12\r\n\x05index\x18\x01 \x01(\r\x12\n\n\x02id\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x11\n\targuments\x18\x04 \x01(\t\"\xe7\x01\n\x10GenerateResponse\x12/\n\x08\x61\x63\x63\x65pted\x18\x05 \x01(\x0b\x32\x1b.tritongate.llm.v1.AcceptedH\x00\x12)\n\x05\x64\x65lta\x18\x06 \x01(\x0b\x32\x18.tritongate.llm.v1.DeltaH\x00\x12,\n\x05usage\x18\x04 \x01(\x0b\x32\x1b.tritongate.common.v1.UsageH\x00\x12.\n\x07timings\x18\x07 \x01(\x0b\x32\x1d.tritongate.common.v1.TimingsB\x07\n\x05\x65ventJ\x04\x08\x01\x10\x02J\x04\x08\x02\x10\x03J\x04\x08\x03\x10\x04\"\x9f\x01\n\x0cGenerateCall\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x33\n\x05start\x18\x02 \x01(\x0b\x32\".tritongate.llm.v1.GenerateRequestH\x00\x12\x10\n\x06\x63\x61ncel\x18\x03 \x01(\x08H\x00\x12\x32\n\x07\x63ontext\x18\x04 \x01(\x0b\x32!.tritongate.common.v1.ItemContextB\x08\n\x06\x61\x63tion\"\x91\x01\n\rGenerateEvent\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x37\n\x08response\x18\x02 \x01(\x0b\x32#.tritongate.llm.v1.GenerateResponseH\x00\x12\x32\n\x07\x66\x61ilure\x18\x03 \x01(\x0b\x32\x1f.tritongate.common.v1.ItemErrorH\x00\x42\x07\n\x05\x65vent\"B\n\x0eGenerateEvents\x12\x30\n\x06\x65vents\x18\x01 \x03(\x0b\x32 .tritongate.llm.v1.GenerateEvent2\x9c\x02\n\nLlmService\x12U\n\x08Generate\x12\".tritongate.llm.v1.GenerateRequest\x1a#.tritongate.llm.v1.GenerateResponse0\x01\x12V\n\x0cGenerateMany\x12\x1f.tritongate.llm.v1.GenerateCall\x1a!.tritongate.llm.v1.GenerateEvents(\x01\x30\x01\x12_\n\nListModels\x12\'.tritongate.common.v1.ListModelsRequest\x1a(.tritongate.common.v1.ListModelsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1btritongate/llm/v1/llm.proto\x12\x11tritongate.llm.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a!tritongate/common/v1/common.proto\"G\n\x08ToolCall\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x11\n\targuments\x18\x03 \x01(\t\x12\x0e\n\x06\x63ustom\x18\x04 \x01(\x08\"(\n\x05Image\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x11\n\tmime_type\x18\x02 \x01(\t\"\xbe\x01\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12/\n\ntool_calls\x18\x04 \x03(\x0b\x32\x1b.tritongate.llm.v1.ToolCall\x12\x14\n\x0ctool_call_id\x18\x05 \x01(\t\x12(\n\x06images\x18\x06 \x03(\x0b\x32\x18.tritongate.llm.v1.Image\x12\x11\n\treasoning\x18\x07 \x01(\t\"\x88\x01\n\x04Tool\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x12\n\nparameters\x18\x03 \x01(\t\x12\x0e\n\x06strict\x18\x04 \x01(\x08\x12\x0e\n\x06\x63ustom\x18\x05 \x01(\x08\x12)\n\x07grammar\x18\x06 \x01(\x0b\x32\x18.tritongate.llm.v1.Guide\",\n\nToolChoice\x12\x0c\n\x04mode\x18\x01 \x01(\t\x12\x10\n\x08\x66unction\x18\x02 \x01(\t\"\xce\x01\n\x04\x43hat\x12\x30\n\x08messages\x18\x01 \x03(\x0b\x32\x1e.tritongate.llm.v1.ChatMessage\x12&\n\x05tools\x18\x02 \x03(\x0b\x32\x17.tritongate.llm.v1.Tool\x12\x32\n\x0btool_choice\x18\x03 \x01(\x0b\x32\x1d.tritongate.llm.v1.ToolChoice\x12 \n\x13parallel_tool_calls\x18\x04 \x01(\x08H\x00\x88\x01\x01\x42\x16\n\x14_parallel_tool_calls\"a\n\x05Guide\x12\x15\n\x0bjson_object\x18\x01 \x01(\x08H\x00\x12\x15\n\x0bjson_schema\x18\x02 \x01(\tH\x00\x12\x11\n\x07grammar\x18\x03 \x01(\tH\x00\x12\x0f\n\x05regex\x18\x04 \x01(\tH\x00\x42\x06\n\x04kind\"W\n\x06Prompt\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12\x33\n\ttoken_ids\x18\x02 \x01(\x0b\x32\x1e.tritongate.common.v1.TokenIdsH\x00\x42\x08\n\x06prompt\"5\n\x07Prompts\x12*\n\x07prompts\x18\x01 \x03(\x0b\x32\x19.tritongate.llm.v1.Prompt\"\xc6\x08\n\x0fGenerateRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12-\n\x07prompts\x18\x14 \x01(\x0b\x32\x1a.tritongate.llm.v1.PromptsH\x00\x12\'\n\x04\x63hat\x18\x04 \x01(\x0b\x32\x17.tritongate.llm.v1.ChatH\x00\x12\t\n\x01n\x18\x05 \x01(\r\x12\x17\n\nmax_tokens\x18\x06 \x01(\rH\x01\x88\x01\x01\x12\x18\n\x0btemperature\x18\x07 \x01(\x02H\x02\x88\x01\x01\x12\x12\n\x05top_p\x18\x08 \x01(\x02H\x03\x88\x01\x01\x12\x12\n\x05top_k\x18\t \x01(\rH\x04\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\n \x01(\x02H\x05\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\x0b \x01(\x02H\x06\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\x0c \x01(\x02H\x07\x88\x01\x01\x12\x11\n\x04seed\x18\r \x01(\x03H\x08\x88\x01\x01\x12\x0c\n\x04stop\x18\x0e \x03(\t\x12\x45\n\nlogit_bias\x18\x0f \x03(\x0b\x32\x31.tritongate.llm.v1.GenerateRequest.LogitBiasEntry\x12\x10\n\x08logprobs\x18\x10 \x01(\x08\x12\x14\n\x0ctop_logprobs\x18\x11 \x01(\r\x12\x0c\n\x04\x65\x63ho\x18\x12 \x01(\x08\x12\x16\n\tdo_sample\x18\x13 \x01(\x08H\t\x88\x01\x01\x12\x12\n\x05min_p\x18\x16 \x01(\x02H\n\x88\x01\x01\x12\x17\n\nmin_tokens\x18\x17 \x01(\rH\x0b\x88\x01\x01\x12\x12\n\nignore_eos\x18\x18 \x01(\x08\x12\"\n\x1ainclude_stop_str_in_output\x18\x19 \x01(\x08\x12 \n\x13skip_special_tokens\x18\x1a \x01(\x08H\x0c\x88\x01\x01\x12\x35\n\x14\x63hat_template_kwargs\x18\x1b \x01(\x0b\x32\x17.google.protobuf.Struct\x12\'\n\x05guide\x18\x1c \x01(\x0b\x32\x18.tritongate.llm.v1.Guide\x12\x12\n\nbeam_width\x18\x1d \x01(\r\x12\x33\n\x0chosted_tools\x18\x1e \x03(\x0b\x32\x1d.tritongate.llm.v1.HostedTool\x12\x16\n\x0e\x66it_max_tokens\x18\x1f \x01(\x08\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x07\n\x05inputB\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x15\n\x13_repetition_penaltyB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penaltyB\x07\n\x05_seedB\x0c\n\n_do_sampleB\x08\n\x06_min_pB\r\n\x0b_min_tokensB\x16\n\x14_skip_special_tokensJ\x04\x08\x02\x10\x03J\x04\x08\x03\x10\x04J\x04\x08\x15\x10\x16\")\n\nHostedTool\x12\x0c\n\x04type\x18\x01 \x01(\t\x12\r\n\x05param\x18\x02 \x01(\t\"2\n\x08\x41\x63\x63\x65pted\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x0f\n\x07\x63hoices\x18\x02 \x01(\r\";\n\nTopLogprob\x12\r\n\x05token\x18\x01 \x01(\t\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\r\n\x05\x62ytes\x18\x03 \x01(\x0c\"\x87\x01\n\x0cTokenLogprob\x12\r\n\x05token\x18\x01 \x01(\t\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\r\n\x05\x62ytes\x18\x03 \x01(\x0c\x12\x13\n\x0btext_offset\x18\x04 \x01(\r\x12\x33\n\x0ctop_logprobs\x18\x05 \x03(\x0b\x32\x1d.tritongate.llm.v1.TopLogprob\"\xcc\x01\n\x05\x44\x65lta\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x15\n\rfinish_reason\x18\x03 \x01(\t\x12\x31\n\x08logprobs\x18\x04 \x03(\x0b\x32\x1f.tritongate.llm.v1.TokenLogprob\x12\x34\n\ntool_calls\x18\x05 \x03(\x0b\x32 .tritongate.llm.v1.ToolCallDelta\x12\x11\n\treasoning\x18\x06 \x01(\t\x12\x13\n\x0bstop_string\x18< \x01(\t\"K\n\rToolCallDelta\x12\r\n\x05index\x18\x01 \x01(\r\x12\n\n\x02id\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x11\n\targuments\x18\x04 \x01(\t\"\xe7\x01\n\x10GenerateResponse\x12/\n\x08\x61\x63\x63\x65pted\x18\x05 \x01(\x0b\x32\x1b.tritongate.llm.v1.AcceptedH\x00\x12)\n\x05\x64\x65lta\x18\x06 \x01(\x0b\x32\x18.tritongate.llm.v1.DeltaH\x00\x12,\n\x05usage\x18\x04 \x01(\x0b\x32\x1b.tritongate.common.v1.UsageH\x00\x12.\n\x07timings\x18\x07 \x01(\x0b\x32\x1d.tritongate.common.v1.TimingsB\x07\n\x05\x65ventJ\x04\x08\x01\x10\x02J\x04\x08\x02\x10\x03J\x04\x08\x03\x10\x04\"\x9f\x01\n\x0cGenerateCall\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x33\n\x05start\x18\x02 \x01(\x0b\x32\".tritongate.llm.v1.GenerateRequestH\x00\x12\x10\n\x06\x63\x61ncel\x18\x03 \x01(\x08H\x00\x12\x32\n\x07\x63ontext\x18\x04 \x01(\x0b\x32!.tritongate.common.v1.ItemContextB\x08\n\x06\x61\x63tion\"\x91\x01\n\rGenerateEvent\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x37\n\x08response\x18\x02 \x01(\x0b\x32#.tritongate.llm.v1.GenerateResponseH\x00\x12\x32\n\x07\x66\x61ilure\x18\x03 \x01(\x0b\x32\x1f.tritongate.common.v1.ItemErrorH\x00\x42\x07\n\x05\x65vent\"B\n\x0eGenerateEvents\x12\x30\n\x06\x65vents\x18\x01 \x03(\x0b\x32 .tritongate.llm.v1.GenerateEvent2\x9c\x02\n\nLlmService\x12U\n\x08Generate\x12\".tritongate.llm.v1.GenerateRequest\x1a#.tritongate.llm.v1.GenerateResponse0\x01\x12V\n\x0cGenerateMany\x12\x1f.tritongate.llm.v1.GenerateCall\x1a!.tritongate.llm.v1.GenerateEvents(\x01\x30\x01\x12_\n\nListModels\x12\'.tritongate.common.v1.ListModelsRequest\x1a(.tritongate.common.v1.ListModelsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,45 +36,47 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GENERATEREQUEST_LOGITBIASENTRY']._loaded_options = None
   _globals['_GENERATEREQUEST_LOGITBIASENTRY']._serialized_options = b'8\001'
   _globals['_TOOLCALL']._serialized_start=115
-  _globals['_TOOLCALL']._serialized_end=170
-  _globals['_IMAGE']._serialized_start=172
-  _globals['_IMAGE']._serialized_end=212
-  _globals['_CHATMESSAGE']._serialized_start=215
-  _globals['_CHATMESSAGE']._serialized_end=405
-  _globals['_TOOL']._serialized_start=407
-  _globals['_TOOL']._serialized_end=484
-  _globals['_TOOLCHOICE']._serialized_start=486
-  _globals['_TOOLCHOICE']._serialized_end=530
-  _globals['_CHAT']._serialized_start=533
-  _globals['_CHAT']._serialized_end=739
-  _globals['_GUIDE']._serialized_start=741
-  _globals['_GUIDE']._serialized_end=802
-  _globals['_PROMPT']._serialized_start=804
-  _globals['_PROMPT']._serialized_end=891
-  _globals['_PROMPTS']._serialized_start=893
-  _globals['_PROMPTS']._serialized_end=946
-  _globals['_GENERATEREQUEST']._serialized_start=949
-  _globals['_GENERATEREQUEST']._serialized_end=1966
-  _globals['_GENERATEREQUEST_LOGITBIASENTRY']._serialized_start=1702
-  _globals['_GENERATEREQUEST_LOGITBIASENTRY']._serialized_end=1750
-  _globals['_ACCEPTED']._serialized_start=1968
-  _globals['_ACCEPTED']._serialized_end=2018
-  _globals['_TOPLOGPROB']._serialized_start=2020
-  _globals['_TOPLOGPROB']._serialized_end=2079
-  _globals['_TOKENLOGPROB']._serialized_start=2082
-  _globals['_TOKENLOGPROB']._serialized_end=2217
-  _globals['_DELTA']._serialized_start=2220
-  _globals['_DELTA']._serialized_end=2424
-  _globals['_TOOLCALLDELTA']._serialized_start=2426
-  _globals['_TOOLCALLDELTA']._serialized_end=2501
-  _globals['_GENERATERESPONSE']._serialized_start=2504
-  _globals['_GENERATERESPONSE']._serialized_end=2735
-  _globals['_GENERATECALL']._serialized_start=2738
-  _globals['_GENERATECALL']._serialized_end=2897
-  _globals['_GENERATEEVENT']._serialized_start=2900
-  _globals['_GENERATEEVENT']._serialized_end=3045
-  _globals['_GENERATEEVENTS']._serialized_start=3047
-  _globals['_GENERATEEVENTS']._serialized_end=3113
-  _globals['_LLMSERVICE']._serialized_start=3116
-  _globals['_LLMSERVICE']._serialized_end=3400
+  _globals['_TOOLCALL']._serialized_end=186
+  _globals['_IMAGE']._serialized_start=188
+  _globals['_IMAGE']._serialized_end=228
+  _globals['_CHATMESSAGE']._serialized_start=231
+  _globals['_CHATMESSAGE']._serialized_end=421
+  _globals['_TOOL']._serialized_start=424
+  _globals['_TOOL']._serialized_end=560
+  _globals['_TOOLCHOICE']._serialized_start=562
+  _globals['_TOOLCHOICE']._serialized_end=606
+  _globals['_CHAT']._serialized_start=609
+  _globals['_CHAT']._serialized_end=815
+  _globals['_GUIDE']._serialized_start=817
+  _globals['_GUIDE']._serialized_end=914
+  _globals['_PROMPT']._serialized_start=916
+  _globals['_PROMPT']._serialized_end=1003
+  _globals['_PROMPTS']._serialized_start=1005
+  _globals['_PROMPTS']._serialized_end=1058
+  _globals['_GENERATEREQUEST']._serialized_start=1061
+  _globals['_GENERATEREQUEST']._serialized_end=2155
+  _globals['_GENERATEREQUEST_LOGITBIASENTRY']._serialized_start=1891
+  _globals['_GENERATEREQUEST_LOGITBIASENTRY']._serialized_end=1939
+  _globals['_HOSTEDTOOL']._serialized_start=2157
+  _globals['_HOSTEDTOOL']._serialized_end=2198
+  _globals['_ACCEPTED']._serialized_start=2200
+  _globals['_ACCEPTED']._serialized_end=2250
+  _globals['_TOPLOGPROB']._serialized_start=2252
+  _globals['_TOPLOGPROB']._serialized_end=2311
+  _globals['_TOKENLOGPROB']._serialized_start=2314
+  _globals['_TOKENLOGPROB']._serialized_end=2449
+  _globals['_DELTA']._serialized_start=2452
+  _globals['_DELTA']._serialized_end=2656
+  _globals['_TOOLCALLDELTA']._serialized_start=2658
+  _globals['_TOOLCALLDELTA']._serialized_end=2733
+  _globals['_GENERATERESPONSE']._serialized_start=2736
+  _globals['_GENERATERESPONSE']._serialized_end=2967
+  _globals['_GENERATECALL']._serialized_start=2970
+  _globals['_GENERATECALL']._serialized_end=3129
+  _globals['_GENERATEEVENT']._serialized_start=3132
+  _globals['_GENERATEEVENT']._serialized_end=3277
+  _globals['_GENERATEEVENTS']._serialized_start=3279
+  _globals['_GENERATEEVENTS']._serialized_end=3345
+  _globals['_LLMSERVICE']._serialized_start=3348
+  _globals['_LLMSERVICE']._serialized_end=3632
 # @@protoc_insertion_point(module_scope)

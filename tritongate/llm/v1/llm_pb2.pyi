@@ -29,22 +29,26 @@ class ToolCall(_message.Message):
     ID_FIELD_NUMBER: _builtins.int
     NAME_FIELD_NUMBER: _builtins.int
     ARGUMENTS_FIELD_NUMBER: _builtins.int
+    CUSTOM_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     """The call's id ("call_..."), which the `tool` message answering it names."""
     name: _builtins.str
     """The function's name."""
     arguments: _builtins.str
-    """The arguments: a JSON object, as JSON text."""
+    """The arguments: a JSON object, as JSON text; a custom tool's input, as it was."""
+    custom: _builtins.bool
+    """A call of a custom tool (`arguments` is its raw input)."""
     def __init__(
         self,
         *,
         id: _builtins.str = ...,
         name: _builtins.str = ...,
         arguments: _builtins.str = ...,
+        custom: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["arguments", b"arguments", "id", b"id", "name", b"name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arguments", b"arguments", "custom", b"custom", "id", b"id", "name", b"name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -128,7 +132,7 @@ Global___ChatMessage: _TypeAlias = ChatMessage  # noqa: Y015
 
 @_typing.final
 class Tool(_message.Message):
-    """A function the model may call."""
+    """A function (or a custom tool) the model may call."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -136,6 +140,8 @@ class Tool(_message.Message):
     DESCRIPTION_FIELD_NUMBER: _builtins.int
     PARAMETERS_FIELD_NUMBER: _builtins.int
     STRICT_FIELD_NUMBER: _builtins.int
+    CUSTOM_FIELD_NUMBER: _builtins.int
+    GRAMMAR_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """Its name."""
     description: _builtins.str
@@ -144,6 +150,16 @@ class Tool(_message.Message):
     """Its parameters: a JSON Schema of an object, as JSON text ("" when it takes none)."""
     strict: _builtins.bool
     """The arguments must match `parameters` (enforced where the backend has guided decoding)."""
+    custom: _builtins.bool
+    """A custom tool: its call's input is free text, not JSON arguments. The model is shown it as a function
+    of one string parameter, `input`; its calls come back with the input itself as their `arguments`.
+    """
+    @_builtins.property
+    def grammar(self) -> Global___Guide:
+        """A custom tool's grammar, which its input follows (enforced by guided decoding when a call of it is
+        forced); unset: any text.
+        """
+
     def __init__(
         self,
         *,
@@ -151,10 +167,12 @@ class Tool(_message.Message):
         description: _builtins.str = ...,
         parameters: _builtins.str = ...,
         strict: _builtins.bool = ...,
+        custom: _builtins.bool = ...,
+        grammar: Global___Guide | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["grammar", b"grammar"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["description", b"description", "name", b"name", "parameters", b"parameters", "strict", b"strict"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["custom", b"custom", "description", b"description", "grammar", b"grammar", "name", b"name", "parameters", b"parameters", "strict", b"strict"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -236,21 +254,31 @@ class Guide(_message.Message):
 
     JSON_OBJECT_FIELD_NUMBER: _builtins.int
     JSON_SCHEMA_FIELD_NUMBER: _builtins.int
+    GRAMMAR_FIELD_NUMBER: _builtins.int
+    REGEX_FIELD_NUMBER: _builtins.int
     json_object: _builtins.bool
     """Any JSON object (`response_format` `json_object`)."""
     json_schema: _builtins.str
     """JSON matching this JSON Schema, given as JSON text (`response_format` `json_schema`)."""
+    grammar: _builtins.str
+    """Text of this grammar, in the EBNF of xgrammar (TensorRT-LLM's `ebnf_grammar`, vLLM's `grammar`): a
+    custom tool's Lark grammar, converted by the edge.
+    """
+    regex: _builtins.str
+    """Text matching this regular expression (a custom tool's `regex` grammar)."""
     def __init__(
         self,
         *,
         json_object: _builtins.bool = ...,
         json_schema: _builtins.str = ...,
+        grammar: _builtins.str = ...,
+        regex: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["json_object", b"json_object", "json_schema", b"json_schema", "kind", b"kind"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["grammar", b"grammar", "json_object", b"json_object", "json_schema", b"json_schema", "kind", b"kind", "regex", b"regex"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["json_object", b"json_object", "json_schema", b"json_schema", "kind", b"kind"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["grammar", b"grammar", "json_object", b"json_object", "json_schema", b"json_schema", "kind", b"kind", "regex", b"regex"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["json_object", "json_schema"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["json_object", "json_schema", "grammar", "regex"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
@@ -366,6 +394,8 @@ class GenerateRequest(_message.Message):
     CHAT_TEMPLATE_KWARGS_FIELD_NUMBER: _builtins.int
     GUIDE_FIELD_NUMBER: _builtins.int
     BEAM_WIDTH_FIELD_NUMBER: _builtins.int
+    HOSTED_TOOLS_FIELD_NUMBER: _builtins.int
+    FIT_MAX_TOKENS_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     """Public model id."""
     n: _builtins.int
@@ -408,6 +438,10 @@ class GenerateRequest(_message.Message):
     """Beam search with this many beams (`num_beams`); 0 or 1: sampling or greedy. The `n` best beams are
     returned as the completions of each prompt.
     """
+    fit_max_tokens: _builtins.bool
+    """A `max_tokens` above what the context leaves is cut to what it leaves (and to the model's
+    `max_completion_tokens`) instead of refused: clients that ask the same `max_tokens` of every model.
+    """
     @_builtins.property
     def prompts(self) -> Global___Prompts:
         """One or more prompts (completions)."""
@@ -433,6 +467,13 @@ class GenerateRequest(_message.Message):
         """The output's format (`response_format`), enforced by the backend; unset: free text. A turn whose
         `tool_choice` forces a call is held to the call's grammar instead: the format is for the answer that
         follows the tool's result.
+        """
+
+    @_builtins.property
+    def hosted_tools(self) -> _containers.RepeatedCompositeFieldContainer[Global___HostedTool]:
+        """Hosted tools the request names (a web search, a code interpreter, ...), which no model can run here:
+        never offered to the model. A model configured to refuse them (`llm[].hosted_tools`) refuses the request,
+        naming the first one's parameter.
         """
 
     def __init__(
@@ -464,10 +505,12 @@ class GenerateRequest(_message.Message):
         chat_template_kwargs: _struct_pb2.Struct | None = ...,
         guide: Global___Guide | None = ...,
         beam_width: _builtins.int = ...,
+        hosted_tools: _abc.Iterable[Global___HostedTool] | None = ...,
+        fit_max_tokens: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_do_sample", b"_do_sample", "_frequency_penalty", b"_frequency_penalty", "_max_tokens", b"_max_tokens", "_min_p", b"_min_p", "_min_tokens", b"_min_tokens", "_presence_penalty", b"_presence_penalty", "_repetition_penalty", b"_repetition_penalty", "_seed", b"_seed", "_skip_special_tokens", b"_skip_special_tokens", "_temperature", b"_temperature", "_top_k", b"_top_k", "_top_p", b"_top_p", "chat", b"chat", "chat_template_kwargs", b"chat_template_kwargs", "do_sample", b"do_sample", "frequency_penalty", b"frequency_penalty", "guide", b"guide", "input", b"input", "max_tokens", b"max_tokens", "min_p", b"min_p", "min_tokens", b"min_tokens", "presence_penalty", b"presence_penalty", "prompts", b"prompts", "repetition_penalty", b"repetition_penalty", "seed", b"seed", "skip_special_tokens", b"skip_special_tokens", "temperature", b"temperature", "top_k", b"top_k", "top_p", b"top_p"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_do_sample", b"_do_sample", "_frequency_penalty", b"_frequency_penalty", "_max_tokens", b"_max_tokens", "_min_p", b"_min_p", "_min_tokens", b"_min_tokens", "_presence_penalty", b"_presence_penalty", "_repetition_penalty", b"_repetition_penalty", "_seed", b"_seed", "_skip_special_tokens", b"_skip_special_tokens", "_temperature", b"_temperature", "_top_k", b"_top_k", "_top_p", b"_top_p", "beam_width", b"beam_width", "chat", b"chat", "chat_template_kwargs", b"chat_template_kwargs", "do_sample", b"do_sample", "echo", b"echo", "frequency_penalty", b"frequency_penalty", "guide", b"guide", "ignore_eos", b"ignore_eos", "include_stop_str_in_output", b"include_stop_str_in_output", "input", b"input", "logit_bias", b"logit_bias", "logprobs", b"logprobs", "max_tokens", b"max_tokens", "min_p", b"min_p", "min_tokens", b"min_tokens", "model", b"model", "n", b"n", "presence_penalty", b"presence_penalty", "prompts", b"prompts", "repetition_penalty", b"repetition_penalty", "seed", b"seed", "skip_special_tokens", b"skip_special_tokens", "stop", b"stop", "temperature", b"temperature", "top_k", b"top_k", "top_logprobs", b"top_logprobs", "top_p", b"top_p"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_do_sample", b"_do_sample", "_frequency_penalty", b"_frequency_penalty", "_max_tokens", b"_max_tokens", "_min_p", b"_min_p", "_min_tokens", b"_min_tokens", "_presence_penalty", b"_presence_penalty", "_repetition_penalty", b"_repetition_penalty", "_seed", b"_seed", "_skip_special_tokens", b"_skip_special_tokens", "_temperature", b"_temperature", "_top_k", b"_top_k", "_top_p", b"_top_p", "beam_width", b"beam_width", "chat", b"chat", "chat_template_kwargs", b"chat_template_kwargs", "do_sample", b"do_sample", "echo", b"echo", "fit_max_tokens", b"fit_max_tokens", "frequency_penalty", b"frequency_penalty", "guide", b"guide", "hosted_tools", b"hosted_tools", "ignore_eos", b"ignore_eos", "include_stop_str_in_output", b"include_stop_str_in_output", "input", b"input", "logit_bias", b"logit_bias", "logprobs", b"logprobs", "max_tokens", b"max_tokens", "min_p", b"min_p", "min_tokens", b"min_tokens", "model", b"model", "n", b"n", "presence_penalty", b"presence_penalty", "prompts", b"prompts", "repetition_penalty", b"repetition_penalty", "seed", b"seed", "skip_special_tokens", b"skip_special_tokens", "stop", b"stop", "temperature", b"temperature", "top_k", b"top_k", "top_logprobs", b"top_logprobs", "top_p", b"top_p"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__do_sample: _TypeAlias = _typing.Literal["do_sample"]  # noqa: Y015
     _WhichOneofArgType__do_sample: _TypeAlias = _typing.Literal["_do_sample", b"_do_sample"]  # noqa: Y015
@@ -523,6 +566,32 @@ class GenerateRequest(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType_input) -> _WhichOneofReturnType_input | None: ...
 
 Global___GenerateRequest: _TypeAlias = GenerateRequest  # noqa: Y015
+
+@_typing.final
+class HostedTool(_message.Message):
+    """A hosted tool of a request (never run here)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TYPE_FIELD_NUMBER: _builtins.int
+    PARAM_FIELD_NUMBER: _builtins.int
+    type: _builtins.str
+    """Its type as the client named it (`web_search`, `web_search_20250305`, `code_interpreter`, ...)."""
+    param: _builtins.str
+    """Where the request names it (`tools[8]`)."""
+    def __init__(
+        self,
+        *,
+        type: _builtins.str = ...,
+        param: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["param", b"param", "type", b"type"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HostedTool: _TypeAlias = HostedTool  # noqa: Y015
 
 @_typing.final
 class Accepted(_message.Message):
@@ -689,7 +758,7 @@ class ToolCallDelta(_message.Message):
     name: _builtins.str
     """The function's name; only in its first piece."""
     arguments: _builtins.str
-    """More of the arguments' JSON text."""
+    """More of the arguments' JSON text (a custom tool's call: more of its raw input)."""
     def __init__(
         self,
         *,
