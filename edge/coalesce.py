@@ -26,8 +26,7 @@ import grpc
 from edge.errors import OpenAIError
 from edge.telemetry import current
 from tritongate import tracing
-from tritongate.batching import EDGE_MAX_INPUTS, EDGE_MAX_ITEMS, Batches, Item
-from tritongate.busy import ProcessBusy
+from tritongate.batching import EDGE_MAX_INPUTS, EDGE_MAX_ITEMS, Batches, Item, ProcessBusy
 from tritongate.common.v1 import common_pb2
 from tritongate.wire import REQUEST_ID_KEY
 
