@@ -67,7 +67,7 @@ CHAT = [
     "edge.many.GenerateStreams.start",
     "edge.clients.Generation.accepted",
     "services.common.metrics.MetricsInterceptor",
-    "services.llm.many.ManyGenerations",
+    "services.llm.servicer.ManyGenerations",
     "services.llm.model.LanguageModel.generate",
     "services.llm.model.LanguageModel.prompts",
     "services.llm.chat.ChatTemplate.render",
