@@ -1,39 +1,38 @@
-"""The edge's side of every gRPC call: channels and one typed client per service.
+"""The edge's side of every gRPC call: one typed client per service, and the model directory.
 
 Every call goes through a `ServiceClient`: it checks that the model is one of its service's (the
-directory, edge/directory.py), sends the request id in the metadata, maps a failure to an OpenAI error
-(edge/errors.py), and records the model and the usage on the request's Exchange for the metrics and the
-access log.
-Channels balance over every address the target resolves to (round_robin), re-resolve DNS often so new
-replicas are found, and retry idempotent calls on UNAVAILABLE. The app's lifespan owns them.
+`ModelDirectory`: the services' ListModels, merged), sends the request id in the metadata, maps a failure
+to an OpenAI error (edge/errors.py), and records the model and the usage on the request's Exchange for the
+metrics and the access log. The channels the clients call on (edge/channels.py) are opened and closed by
+the app's lifespan (`ServiceClients`).
 """
 
 from __future__ import annotations
 
-import json
+import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 import grpc
 
+from edge.channels import open_channel
 from edge.coalesce import BatchCalls, Coalescer
-from edge.directory import ModelDirectory
-from edge.errors import OpenAIError, bad_request, from_grpc, from_item
+from edge.errors import OpenAIError, bad_request, from_grpc, from_item, model_not_found
 from edge.many import GenerateStreams, ManyGeneration
 from edge.telemetry import TokenTimer, current
+from tritongate import tracing
 from tritongate.batching import EDGE_SLOTS
 from tritongate.common.v1 import common_pb2, tokenizer_pb2, tokenizer_pb2_grpc
 from tritongate.embed.v1 import embed_pb2
 from tritongate.llm.v1 import llm_pb2
 from tritongate.logs import REQUEST_ID, request_metadata
-from tritongate.registry import EMBED, LLM, RERANK, ServiceInfo
+from tritongate.registry import BY_KIND, EMBED, LLM, RERANK, ServiceInfo
 from tritongate.rerank.v1 import rerank_pb2
 from tritongate.settings import Settings
-from tritongate.tls import ClientTls, client_tls
-from tritongate.tracing import traceparent
-from tritongate.wire import MAX_MESSAGE_BYTES
+from tritongate.tls import client_tls
 
 if TYPE_CHECKING:
     from tritongate.embed.v1.embed_pb2_grpc import EmbedServiceAsyncStub
@@ -45,43 +44,6 @@ log = logging.getLogger(__name__)
 R = TypeVar("R")
 E = TypeVar("E", bound="EncoderClient")
 EOF_: Any = grpc.aio.EOF  # type: ignore[attr-defined]  # (missing from grpc-stubs)
-
-
-def _service_config(service: ServiceInfo) -> str:
-    retry = {
-        "maxAttempts": 4,
-        "initialBackoff": "0.05s",
-        "maxBackoff": "1s",
-        "backoffMultiplier": 2,
-        "retryableStatusCodes": ["UNAVAILABLE"],
-    }
-    return json.dumps({
-        "loadBalancingConfig": [{"round_robin": {}}],
-        "methodConfig": [{"name": [{"service": service.grpc_service, "method": m} for m in service.idempotent],
-                          "retryPolicy": retry}],
-    })
-
-
-def open_channel(target: str, service: ServiceInfo, tls: ClientTls | None = None) -> grpc.aio.Channel:
-    """A channel to one service; over TLS when `tls` is given."""
-    options: list[tuple[str, Any]] = [
-        ("grpc.service_config", _service_config(service)),
-        ("grpc.enable_retries", 1),
-        ("grpc.dns_min_time_between_resolutions_ms", 1000),
-        # A request larger than this is not kept for a retry (default 256 KiB: a big embedding batch).
-        ("grpc.per_rpc_retry_buffer_size", 16 * 1024 * 1024),
-        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-        ("grpc.keepalive_time_ms", 20_000),
-        ("grpc.keepalive_timeout_ms", 10_000),
-        # The default reconnect backoff grows to 120 s: a service that comes back would go unnoticed that long.
-        ("grpc.initial_reconnect_backoff_ms", 250),
-        ("grpc.min_reconnect_backoff_ms", 250),
-        ("grpc.max_reconnect_backoff_ms", 2000),
-    ]
-    if tls is not None:
-        return grpc.aio.secure_channel(target, tls.credentials, options=[*options, *tls.options])
-    return grpc.aio.insecure_channel(target, options=options)
 
 
 class ServiceClient:
@@ -204,8 +166,9 @@ class LlmClient(ServiceClient):
         await self._route_and_label(request.model)
         messages: Messages
         if self.streams is not None:
+            spans = tracing.ITEM_SPANS  # None while tracing is off
             context = common_pb2.ItemContext(request_id=REQUEST_ID.get(), timeout_s=self.timeout,
-                                             traceparent=traceparent())
+                                             traceparent=spans.traceparent() if spans is not None else "")
             messages = ManyGeneration(self.streams, request, context)
         else:
             messages = _Call(self.stub.Generate(request, timeout=self.timeout, metadata=request_metadata()), self)
@@ -286,6 +249,85 @@ class Generation:
 
     def cancel(self) -> None:
         self.messages.cancel()
+
+
+class ModelDirectory:
+    """Which service serves which model id: the services' ListModels, merged, cached briefly."""
+
+    def __init__(self, timeout: float, ttl: float = 5.0, retry_after_s: int = 1) -> None:
+        self.clients: list[ServiceClient] = []  # each client adds itself
+        self.timeout = timeout
+        self.ttl = ttl
+        self.retry_after_s = retry_after_s  # what a 503 for a service that is down tells the client
+        self._cards: dict[str, common_pb2.ModelCard] = {}
+        self._fetched = 0.0
+        self._lock = asyncio.Lock()
+        self._down: set[str] = set()  # services that did not answer the last refresh
+
+    async def refresh(self) -> dict[str, common_pb2.ModelCard]:
+        """Ask every service concurrently; a service that is down or slow drops out."""
+        clients = list(self.clients)
+        results = await asyncio.gather(*(c.list_models(self.timeout) for c in clients), return_exceptions=True)
+        cards: dict[str, common_pb2.ModelCard] = {}
+        self._down = set()
+        for client, result in zip(clients, results, strict=True):
+            if isinstance(result, BaseException):
+                self._down.add(client.service.name)
+                log.debug("%s service did not list its models: %s", client.service.name, result)
+                continue
+            for card in result:
+                cards.setdefault(card.id, card)
+        self._cards, self._fetched = cards, time.monotonic()
+        return cards
+
+    async def models(self, max_age: float | None = None) -> dict[str, common_pb2.ModelCard]:
+        max_age = self.ttl if max_age is None else max_age
+        if time.monotonic() - self._fetched > max_age:
+            async with self._lock:
+                if time.monotonic() - self._fetched > max_age:
+                    await self.refresh()
+        return self._cards
+
+    async def of_kind(self, service: ServiceInfo) -> list[str]:
+        return [card.id for card in (await self.models()).values() if card.kind == service.kind]
+
+    async def default(self, service: ServiceInfo, configured: str | None) -> str:
+        """The model of a request that names none: `configured` (the edge's setting) when set, else the
+        first model `service` lists."""
+        if configured:
+            return configured
+        models = await self.of_kind(service)
+        if not models:
+            self._raise_if_down(service)
+            raise OpenAIError(404, f"The {service.name} service serves no model.", "model", "model_not_found")
+        return models[0]
+
+    async def find(self, model: str) -> common_pb2.ModelCard:
+        found = (await self.models()).get(model) or (await self.models(max_age=0.5)).get(model)
+        if found is None:
+            raise model_not_found(model)
+        return found
+
+    def _raise_if_down(self, service: ServiceInfo) -> None:
+        if service.name in self._down:
+            raise OpenAIError(503, f"The {service.name} service is unavailable; try again shortly.",
+                              code="service_unavailable", headers={"Retry-After": str(self.retry_after_s)}) from None
+
+    async def route(self, model: Any, service: ServiceInfo) -> common_pb2.ModelCard:
+        """The card of `model`, which `service` must serve: 404 when unknown, 400 when another service's,
+        503 when unknown while `service` is down (the model may well be one of its own)."""
+        if not isinstance(model, str) or not model:
+            raise bad_request("`model` must be a non-empty string.", "model")
+        try:
+            card = await self.find(model)
+        except OpenAIError:
+            self._raise_if_down(service)
+            raise
+        if card.kind != service.kind:
+            other = BY_KIND[card.kind].serves if card.kind in BY_KIND else "different"
+            raise bad_request(f"The model `{model}` is a {other} model and cannot serve {service.serves} requests.",
+                              "model", "model_not_supported")
+        return card
 
 
 @dataclass

@@ -25,10 +25,9 @@ import grpc
 
 from edge.errors import OpenAIError
 from edge.telemetry import current
-from tritongate.batching import EDGE_MAX_INPUTS, EDGE_MAX_ITEMS, Batches, Item
-from tritongate.busy import ProcessBusy
+from tritongate import tracing
+from tritongate.batching import EDGE_MAX_INPUTS, EDGE_MAX_ITEMS, Batches, Item, ProcessBusy
 from tritongate.common.v1 import common_pb2
-from tritongate.tracing import traceparent
 from tritongate.wire import REQUEST_ID_KEY
 
 Request = Item[Any, Any]  # a service request (EmbedRequest, RerankRequest) and its answer
@@ -61,7 +60,8 @@ class Coalescer:
 
     def item(self, request: Any) -> Request:
         """`request` as an item to `send` (its `held_s` is how long it waits here)."""
-        return Item(request, self.calls.inputs(request), trace=traceparent())
+        spans = tracing.ITEM_SPANS  # None while tracing is off
+        return Item(request, self.calls.inputs(request), trace=spans.traceparent() if spans is not None else "")
 
     async def call(self, request: Any) -> Any:
         """The service's answer to `request` (an OpenAIError when it fails). How long it waited here is the

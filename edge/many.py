@@ -1,6 +1,6 @@
-"""The edge's GenerateMany streams to the llm service (services/llm/many.py): a generation starts with a
-message on a stream already open instead of a call of its own, and the service sends what its generations
-have ready at the same moment in one message.
+"""The edge's GenerateMany streams to the llm service (services/llm/servicer.py `ManyGenerations`): a
+generation starts with a message on a stream already open instead of a call of its own, and the service
+sends what its generations have ready at the same moment in one message.
 
 An edge process keeps `count` streams open and starts generations on them in turn. A stream is retired
 (it takes no new generation, and closes once its last one ends) after `STREAM_AGE_S` or `STREAM_STARTS`

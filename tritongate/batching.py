@@ -3,7 +3,7 @@ RerankBatch calls to a service) and of the embed and rerank services (services/c
 Triton calls).
 
 Items submitted in one turn of the event loop leave together after that turn (no timer: no added latency
-when idle). While this process is busy (tritongate/busy.py), at most `slots` calls are in flight: what
+when idle). While this process is busy (`ProcessBusy` below), at most `slots` calls are in flight: what
 arrives while none is free waits, and leaves together when a call returns, so that a busy process pays
 the per-call CPU (an RPC, a tokenizer call, a Triton request) once for many items. A process with CPU to
 spare holds nothing back: the model's own batcher merges calls as soon as it is free, where items held
@@ -34,7 +34,7 @@ The knobs, and why the two layers' defaults differ (docs/configuration.md lists 
 - An edge item alone in its call goes as an ordinary unary call from its caller's task (`alone`); a
   service splits a large request into equal parts of at most its batch size, at least one per instance
   (services/common/encoder.py).
-- Busy: 0.3 of a core over the last half second (tritongate/busy.py), the same in both layers.
+- Busy: 0.3 of a core over the last half second (`ProcessBusy` below), the same in both layers.
 """
 
 from __future__ import annotations
@@ -48,7 +48,6 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from tritongate.busy import ProcessBusy
 from tritongate.logs import NO_REQUEST, REQUEST_ID
 
 EDGE_SLOTS = 2
@@ -205,3 +204,39 @@ class Batches(Generic[P, R]):
                 item.result.set_exception(outcome)
             else:
                 item.result.set_result(outcome)
+
+
+# Whether this process is busy: what decides whether a layer holds requests back for a call slot. Holding
+# requests until a call returns makes fewer, larger calls: it saves the CPU each call costs, which is what
+# limits the rate when the process is busy (a fast model, e.g. on a GPU). A process with CPU to spare is not
+# what limits the rate, and holding there would only keep requests from a slow model (tens of milliseconds a
+# call, e.g. on a CPU) whose own batcher would merge them as soon as an instance is free: Triton's batches
+# come out smaller, and the model pays per row.
+# From this share of one core (all the process's threads, over the last WINDOW_S) a process counts as
+# busy. A gateway process in front of a slow model uses about a tenth of a core; one that limits the
+# rate, most of one.
+BUSY_CORES = 0.3
+WINDOW_S = 0.5
+
+
+class ProcessBusy:
+    """Whether this process used at least `cores` of CPU time per second of wall time over its last
+    window (read again once the window has passed, so that asking costs a clock read)."""
+
+    def __init__(self, cores: float = BUSY_CORES, window: float = WINDOW_S,
+                 cpu: Callable[[], float] = time.process_time, clock: Callable[[], float] = time.monotonic) -> None:
+        self.cores = cores
+        self.window = window
+        self._cpu = cpu
+        self._clock = clock
+        self._since = clock()
+        self._cpu_since = cpu()
+        self._busy = False
+
+    def __call__(self) -> bool:
+        now = self._clock()
+        if now - self._since >= self.window:
+            spent = self._cpu()
+            self._busy = (spent - self._cpu_since) / (now - self._since) >= self.cores
+            self._since, self._cpu_since = now, spent
+        return self._busy

@@ -78,7 +78,7 @@ class Settings(BaseSettings):
     default_rerank_model: str | None = None
     request_timeout_s: float = Field(600.0, description="Deadline for one generation request")
     # GenerateMany streams each edge process keeps open to the llm service, its generations started on them
-    # in turn (edge/many.py); 0: a Generate call per generation (always so with `otel` on).
+    # in turn (edge/many.py); 0: a Generate call per generation.
     llm_streams: int = Field(2, ge=0)
     unary_timeout_s: float = Field(60.0, description="Deadline for one embed or rerank request")
     list_models_timeout_s: float = 2.0

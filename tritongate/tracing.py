@@ -36,46 +36,30 @@ class ItemSpans:
         self.server, self.error, self.status = SpanKind.SERVER, StatusCode.ERROR, Status
 
     def traceparent(self) -> str:
+        """The current span as a W3C `traceparent`, for a request that goes inside a shared RPC."""
         carrier: dict[str, str] = {}
         self.propagator.inject(carrier)
         return carrier.get(TRACEPARENT, "")
 
     def start(self, name: str, traceparent: str, request_id: str) -> Any:
+        """The span of a request inside a shared RPC, named as the call it stands for (`/<service>/<method>`),
+        a child of the caller's span it carries (`traceparent`), started now; `end` ends it."""
         parent = self.propagator.extract({TRACEPARENT: traceparent})
         span = self.tracer.start_span(name, context=parent, kind=self.server)
         span.set_attribute(ATTRIBUTE, request_id)  # the request's own, whatever the task has bound
         return span
 
     def end(self, span: Any, code: grpc.StatusCode) -> None:
+        """End the span with the status its request ended with."""
         span.set_attribute("rpc.grpc.status_code", code.value[0])  # as the gRPC instrumentation sets it
         if code is not grpc.StatusCode.OK:
             span.set_status(self.status(self.error, code.name))
         span.end()
 
 
-# Process-wide, as the tracer provider it uses: set by setup_tracing, None while tracing is off.
-_items: ItemSpans | None = None
-
-
-def traceparent() -> str:
-    """The current span as a W3C `traceparent`, for a request that goes inside a shared RPC; "" when
-    tracing is off."""
-    return "" if _items is None else _items.traceparent()
-
-
-def item_span(name: str, traceparent: str, request_id: str) -> Any:
-    """The span of a request inside a shared RPC, named as the call it stands for (`/<service>/<method>`),
-    a child of the caller's span it carries: started now, ended by `end_item_span`. None when tracing is
-    off or the request carries no span."""
-    if _items is None or not traceparent:
-        return None
-    return _items.start(name, traceparent, request_id)
-
-
-def end_item_span(span: Any, code: grpc.StatusCode) -> None:
-    """End the span `item_span` gave (nothing when it gave None), with the status the request ended with."""
-    if span is not None and _items is not None:
-        _items.end(span, code)
+# Process-wide, as the tracer provider it uses: set by setup_tracing, None while tracing is off (then its users
+# make no call at all: `tracing.ITEM_SPANS and tracing.ITEM_SPANS.traceparent()`).
+ITEM_SPANS: ItemSpans | None = None
 
 
 class TracingUnavailable(RuntimeError):
@@ -118,8 +102,8 @@ def setup_tracing(component: str, exporter: Any = None) -> Any:
     provider.add_span_processor(RequestIdSpans())
     provider.add_span_processor(BatchSpanProcessor(exporter if exporter is not None else _exporter()))
     trace.set_tracer_provider(provider)
-    global _items
-    _items = ItemSpans(provider.get_tracer(__name__))
+    global ITEM_SPANS
+    ITEM_SPANS = ItemSpans(provider.get_tracer(__name__))
     # The span of the HTTP request or RPC starts before its id is known: it gets the id when bound.
     on_bind(lambda request_id: trace.get_current_span().set_attribute(ATTRIBUTE, request_id))
     # Both patch grpc.aio's constructors: channels and servers made from now on are traced.

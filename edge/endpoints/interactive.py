@@ -119,7 +119,7 @@ class Session:
     @classmethod
     def decoded(cls, value: bytes) -> Session:
         stored = conversation.decode(value)
-        if stored is None:  # as the edge's previous version kept it: its messages in JSON, text only
+        if stored is None:  # the older, all-JSON form: its messages text only
             fields = orjson.loads(value)
             return cls(fields["model"], [llm_pb2.ChatMessage(role=m["role"], content=m["content"])
                                          for m in fields["messages"]], fields["tokens"])

@@ -109,8 +109,8 @@ def generation_input(body: ResponseRequest, history: Sequence[llm_pb2.ChatMessag
 class Stored:
     """A stored Response and the conversation that continues from it (without its instructions, which
     OpenAI does not carry over to the next response), as the generation takes it
-    (edge/state/conversation.py). An entry that the edge's previous version wrote has no conversation here
-    (None): a follow-up finds it expired."""
+    (edge/state/conversation.py). An entry in the older, all-JSON form has no conversation here (None): a
+    follow-up finds it expired."""
 
     response: dict[str, Any]
     conversation: list[llm_pb2.ChatMessage] | None

@@ -1,8 +1,8 @@
 """How a conversation is kept in the state store (an interactive session's, a stored Response's): a head
 in JSON (what the endpoint keeps beside it), a newline, then the messages as the generation takes them
 (an `llm.v1.Chat`'s bytes), so that reading them back needs no validation. The head is compact JSON,
-which holds no newline: the first newline ends it. The edge's previous version kept the whole entry as
-JSON, messages included, with no newline at all: `decode` tells it apart (None).
+which holds no newline: the first newline ends it. An entry in the older, all-JSON form (messages
+included, no newline at all) is told apart by `decode` (None).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ def encode(head: bytes, messages: Iterable[llm_pb2.ChatMessage]) -> bytes:
 
 
 def decode(value: bytes) -> tuple[bytes, list[llm_pb2.ChatMessage]] | None:
-    """The head and the messages; None for an entry that the edge's previous version wrote."""
+    """The head and the messages; None for an entry in the older, all-JSON form."""
     head, newline, chat = value.partition(b"\n")
     if not newline:
         return None

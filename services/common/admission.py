@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Collection
 
 import grpc
 
-from services.common.interceptors import around, method_of
+from services.common.metrics import around, method_of
 from tritongate.wire import CODE_KEY, OVERLOADED
 
 # ListModels is not inference; the batch RPCs take a slot per request they carry (services/common/items.py).

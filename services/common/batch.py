@@ -5,8 +5,9 @@ in flight.
 Each item is a request inside a shared RPC, served by their one rule (services/common/items.py): its own
 request id, admission slot, deadline, metrics (as the unary call it stands for), span and error. An item
 that fails (a bad input, no slot) fails alone, with the status a unary call would have had, logged under
-its own id. The items of one model are served together (`EncoderModel.serve_many`: one tokenizer call,
-their rows in one submission to the batcher), under the longest of their deadlines, with their request
+its own id. The items of one model are served together (`EncoderModel.serve_many`: for embeddings one
+tokenizer call and their rows in one submission to the batcher; reranks concurrently, their rows merged
+by the batcher), under the longest of their deadlines, with their request
 ids joined for the log lines and the Triton request id (`tritongate.batching.joined_id`).
 """
 

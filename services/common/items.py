@@ -35,9 +35,9 @@ import grpc
 from services.common.admission import Admission
 from services.common.errors import ServiceError, item_error
 from services.common.metrics import BATCHED, count_handled, count_started
+from tritongate import tracing
 from tritongate.common.v1 import common_pb2
 from tritongate.logs import NO_REQUEST, REQUEST_ID, sane_request_id
-from tritongate.tracing import end_item_span, item_span
 from tritongate.wire import OVERLOADED
 
 _CODES = {code.value[0]: code for code in grpc.StatusCode}  # a status code's number → the code
@@ -80,7 +80,9 @@ class ItemCall:
         self.admitted = self.ended = False
         self.start = count_started(calls.stands_for)
         service, method, _ = calls.stands_for
-        self.span = item_span(f"/{service}/{method}", context.traceparent, self.request_id)
+        spans = tracing.ITEM_SPANS
+        self.span = spans.start(f"/{service}/{method}", context.traceparent, self.request_id) \
+            if spans is not None and context.traceparent else None
 
     def admit(self) -> None:
         """Take its admission slot (a ServiceError when refused)."""
@@ -114,7 +116,8 @@ class ItemCall:
             code = _CODES.get(error.code, grpc.StatusCode.UNKNOWN)
         count_handled(self.calls.stands_for, self.start, code)
         BATCHED.labels(self.calls.shared, code.name).inc()
-        end_item_span(self.span, code)
+        if self.span is not None and tracing.ITEM_SPANS is not None:
+            tracing.ITEM_SPANS.end(self.span, code)
         return error
 
     async def serve(self, work: Callable[[float | None], Awaitable[None]]) -> common_pb2.ItemError | None:

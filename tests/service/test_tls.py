@@ -13,7 +13,7 @@ import pytest
 import trustme
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from edge.clients import open_channel
+from edge.channels import open_channel
 from launcher.healthcheck import probe
 from services.common.server import LIVENESS, RunningService, ServerOptions, start_service
 from services.common.triton import Triton

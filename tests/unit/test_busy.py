@@ -1,9 +1,9 @@
-"""ProcessBusy (tritongate/busy.py): the share of a core this process used over its last window, which
+"""ProcessBusy (tritongate/batching.py): the share of a core this process used over its last window, which
 decides whether the edge's coalescer and the services' batcher hold requests for a call slot."""
 
 from __future__ import annotations
 
-from tritongate.busy import ProcessBusy
+from tritongate.batching import ProcessBusy
 
 
 def test_busy_is_a_share_of_one_core_over_the_last_window() -> None:

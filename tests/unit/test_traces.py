@@ -1,12 +1,15 @@
-"""The two traces of docs/architecture.md, followed through the code: an embeddings request and a streamed
-chat request go through the real edge app, the real llm, embed and rerank services and their Triton client,
-to the fake Triton (tests/support/fake_triton.py), all in this process. Every call of the project's
-functions is recorded (a profiling hook) and each trace's documented hops must come in the documented
-order; the document must name every hop the test pins (but the fake Triton, which it calls Triton)."""
+"""The four traces of docs/architecture.md, followed through the code: an embeddings request, a streamed chat
+request, a streamed Messages request and a stored-Responses follow-up go through the real edge app, the real
+llm, embed and rerank services and their Triton client, to the fake Triton (tests/support/fake_triton.py),
+all in this process. Every call of the project's functions is recorded (a profiling hook) and each trace's
+pinned hops must come in the pinned order. The document and the test check each other both ways: a trace
+must name every hop the test pins (but the fake Triton, which it calls Triton), and every function a trace
+names (a dotted name in `edge`, `services` or `tritongate`) must be one its request called."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import sys
 import threading
@@ -26,6 +29,8 @@ from tests.support.streams import parse_events
 
 ARCHITECTURE = Path(__file__).resolve().parents[2] / "docs" / "architecture.md"
 OURS = ("edge", "services", "tritongate")
+# A name a trace of the document gives a function, class or module of the project.
+DOCUMENTED = re.compile(r"`((?:edge|services|tritongate)(?:\.\w+)+)")
 
 # A hop is a module, or a function of one (a call matches it when its module.qualname is the hop or starts
 # with it and a dot). Each list is in the order the calls must first come, each after the one before it.
@@ -34,8 +39,9 @@ EMBEDDINGS = [
     "edge.lean.LeanRoutes",
     "edge.routers.embeddings.create_embeddings",
     "edge.endpoints.embeddings.to_proto",
+    "edge.cancel.until_disconnected",
     "edge.clients.EmbedClient.embed",
-    "edge.directory.ModelDirectory.route",
+    "edge.clients.ModelDirectory.route",
     "edge.coalesce",
     "services.common.metrics.MetricsInterceptor",
     "services.common.admission.AdmissionInterceptor",
@@ -44,6 +50,7 @@ EMBEDDINGS = [
     "services.embed.embedder.Embedder.rows",
     "services.common.encoder.EncoderModel.run",
     "services.common.encoder.Batcher",
+    "tritongate.batching.Batches._send",
     "services.common.encoder.EncoderModel._infer",
     "services.common.triton.Triton.infer",
     "services.common.triton_pool.TritonPool.pick",
@@ -60,21 +67,26 @@ CHAT = [
     "edge.routers.chat.create_chat_completion",
     "edge.endpoints.chat.generation_input",
     "edge.streaming.generate",
+    "edge.streaming.run",
     "edge.generation.GenerationInput.proto",
     "edge.clients.LlmClient.generate",
-    "edge.directory.ModelDirectory.route",
+    "edge.clients.ModelDirectory.route",
     "edge.many.ManyGeneration",
     "edge.many.GenerateStreams.start",
     "edge.clients.Generation.accepted",
     "services.common.metrics.MetricsInterceptor",
-    "services.llm.many.ManyGenerations",
+    "services.llm.servicer.ManyGenerations",
+    "services.common.items.ItemCall.serve",
     "services.llm.model.LanguageModel.generate",
     "services.llm.model.LanguageModel.prompts",
     "services.llm.chat.ChatTemplate.render",
     "services.llm.params.check_request",
+    "services.llm.plan.RequestPlan.of",
     "services.llm.params.sampling",
     "services.llm.params.max_new_tokens",
+    "services.llm.plan.RequestPlan.choices",
     "services.llm.params.for_choice",
+    "services.llm.choice.Choice.deltas",
     "services.llm.fastertransformer.FasterTransformer.stream",
     "services.common.triton.Triton.stream",
     "services.common.triton_pool.TritonPool.pick",
@@ -90,7 +102,9 @@ CHAT = [
 # What the edge writes, from the service's first message to the end of the stream.
 CHAT_EVENTS = [
     "edge.clients.Generation.accepted",
+    "edge.sse.sse_response",
     "edge.sse.EventStream",
+    "edge.streaming._events",
     "edge.streaming.ChunkFraming.start",
     "edge.endpoints.chat.ChatShape.opening",
     "edge.clients.Generation.deltas",
@@ -100,6 +114,90 @@ CHAT_EVENTS = [
     "edge.endpoints.chat.ChatShape.end",
     "edge.streaming.ChunkFraming.finish",
 ]
+# Anthropic's turns into the one generation, to Triton and back.
+MESSAGES = [
+    "edge.telemetry.HttpMetrics",
+    "edge.lean.LeanRoutes",
+    "edge.endpoints.message_input.chat_messages",
+    "edge.endpoints.messages.MessagesRequest._rules",
+    "edge.routers.messages.create_message",
+    "edge.endpoints.messages.generation_input",
+    "edge.streaming.run",
+    "edge.generation.GenerationInput.proto",
+    "edge.clients.LlmClient.generate",
+    "edge.clients.ModelDirectory.route",
+    "edge.many.ManyGeneration",
+    "edge.clients.Generation.accepted",
+    "services.llm.servicer.ManyGenerations",
+    "services.common.items.ItemCall.serve",
+    "services.llm.model.LanguageModel.generate",
+    "services.llm.chat.ChatTemplate.render",
+    "services.llm.plan.RequestPlan.of",
+    "services.llm.choice.Choice.deltas",
+    "services.common.triton.Triton.stream",
+    "tests.support.fake_triton.FakeTriton.ModelStreamInfer",
+    "services.llm.completion.Completion.add",
+    "edge.clients.Generation.deltas",
+    "edge.endpoints.message_output.MessageEvents.delta",
+]
+# Anthropic's events, from the service's first message to message_stop.
+MESSAGE_EVENTS = [
+    "edge.clients.Generation.accepted",
+    "edge.endpoints.message_output.MessageShape.events",
+    "edge.endpoints.message_output.event_stream",
+    "edge.sse.EventStream",
+    "edge.streaming._events",
+    "edge.endpoints.message_output.MessageEvents.start",
+    "edge.endpoints.message_output.MessageShape.message",
+    "edge.clients.Generation.deltas",
+    "edge.endpoints.message_output.MessageEvents.delta",
+    "edge.endpoints.message_output.MessageEvents._block",
+    "edge.endpoints.message_output.MessageEvents.end",
+    "edge.endpoints.message_output.MessageEvents._close",
+    "edge.endpoints.message_output.MessageEvents.finish",
+]
+# A follow-up of a stored Response: the stored conversation read, the generation, the new Response stored.
+RESPONSES = [
+    "edge.telemetry.HttpMetrics",
+    "edge.lean.LeanRoutes",
+    "edge.endpoints.response_input.input_messages",
+    "edge.endpoints.responses.ResponseRequest._tools",
+    "edge.routers.responses.create_response",
+    "edge.endpoints.responses.history",
+    "edge.endpoints.responses.stored",
+    "edge.state.base.Space.get",
+    "edge.endpoints.responses.Stored.decoded",
+    "edge.state.conversation.decode",
+    "edge.endpoints.response_output.ResponseRecorder",
+    "edge.endpoints.responses.generation_input",
+    "edge.streaming.run",
+    "edge.generation.GenerationInput.proto",
+    "edge.clients.LlmClient.generate",
+    "edge.clients.Generation.accepted",
+    "services.llm.model.LanguageModel.generate",
+    "services.llm.chat.ChatTemplate.render",
+    "services.common.triton.Triton.stream",
+    "tests.support.fake_triton.FakeTriton.ModelStreamInfer",
+    "edge.streaming._collect",
+    "edge.clients.Generation.deltas",
+    "edge.endpoints.llm_common.Collected.add",
+    "edge.endpoints.response_output.ResponseRecorder.response",
+    "edge.endpoints.response_output.output_items",
+    "edge.endpoints.response_output.ResponseRecorder.finished",
+    "edge.endpoints.response_output.assistant_message",
+    "edge.endpoints.response_output.ResponseRecorder.persist",
+    "edge.endpoints.responses.Stored.encoded",
+    "edge.state.conversation.encode",
+    "edge.state.base.Space.put",
+]
+
+# Each trace of the document (the title of its section) and the lists of hops the test pins in it.
+EMBEDDINGS_TRACE = "`POST /v1/embeddings`"
+CHAT_TRACE = "streamed `POST /v1/chat/completions`"
+MESSAGES_TRACE = "streamed `POST /v1/messages`"
+RESPONSES_TRACE = "stored Responses follow-up, `POST /v1/responses` with `previous_response_id`"
+TRACES = {EMBEDDINGS_TRACE: [EMBEDDINGS], CHAT_TRACE: [CHAT, CHAT_EVENTS], MESSAGES_TRACE: [MESSAGES, MESSAGE_EVENTS],
+          RESPONSES_TRACE: [RESPONSES]}
 
 
 @dataclass
@@ -159,18 +257,44 @@ def trace_section(title: str) -> str:
     return found.group(1)
 
 
+def documented_hops(section: str) -> list[str]:
+    """The functions, classes and modules of the project a trace names (in full, in backticks), in order."""
+    return list(dict.fromkeys(DOCUMENTED.findall(section)))
+
+
+def check_named(title: str, paths: list[list[str]], section: str) -> None:
+    """The trace names every hop the test pins (but the fake Triton's)."""
+    missing = [hop for path in paths for hop in path if not hop.startswith("tests.") and f"`{hop}" not in section]
+    assert not missing, f"the trace '{title}' of docs/architecture.md does not name {missing}"
+
+
+def check_taken(title: str, calls: list[Call], section: str) -> None:
+    """Every hop the trace names is one its request took: some call matches it."""
+    # A call matches a hop that is its name or a dotted start of it.
+    taken = {".".join(parts[:i]) for parts in {tuple(call.name.split(".")) for call in calls}
+             for i in range(1, len(parts) + 1)}
+    untaken = [hop for hop in documented_hops(section) if hop not in taken]
+    assert not untaken, f"the trace '{title}' of docs/architecture.md names {untaken}, which the request did not call"
+
+
+def prompt_text(stack: InProcessStack) -> str:
+    """The prompt of the last request the fake Triton got (FasterTransformer's interface), as the model's
+    tokenizer reads it."""
+    request = stack.triton.requests[-1]
+    ids = request.inputs["input_ids"].reshape(-1)[: int(request.inputs["input_lengths"].reshape(-1)[0])]
+    model = stack.services["llm"].servicer.models.get(request.model)
+    return str(model.tokenizer.decode(ids.tolist()))
+
+
 @pytest.fixture(scope="module")
 async def stack(models_dir: Path) -> AsyncIterator[InProcessStack]:
     async with in_process_stack(models_dir) as running:
         yield running
 
 
-@pytest.mark.parametrize(("title", "paths"), [("`POST /v1/embeddings`", [EMBEDDINGS]),
-                                               ("streamed `POST /v1/chat/completions`", [CHAT, CHAT_EVENTS])])
+@pytest.mark.parametrize(("title", "paths"), TRACES.items(), ids=["embeddings", "chat", "messages", "responses"])
 def test_the_document_names_every_hop_the_test_pins(title: str, paths: list[list[str]]) -> None:
-    section = trace_section(title)
-    missing = [hop for path in paths for hop in path if not hop.startswith("tests.") and f"`{hop}" not in section]
-    assert not missing, f"the trace '{title}' of docs/architecture.md does not name {missing}"
+    check_named(title, paths, trace_section(title))
 
 
 async def test_an_embeddings_request_follows_the_documented_path(stack: InProcessStack) -> None:
@@ -189,6 +313,7 @@ async def test_an_embeddings_request_follows_the_documented_path(stack: InProces
     assert hops["services.embed.embedder.Embedder.answer"].task not in pooled
     assert stack.triton.requests[-1].model == "all-minilm-l6-v2"
     assert stack.triton.requests[-1].request_id == response.headers["x-request-id"]  # the id reaches Triton
+    check_taken(EMBEDDINGS_TRACE, calls, trace_section(EMBEDDINGS_TRACE))
 
 
 async def test_a_streamed_chat_request_follows_the_documented_path(stack: InProcessStack) -> None:
@@ -204,6 +329,43 @@ async def test_a_streamed_chat_request_follows_the_documented_path(stack: InProc
     request = stack.triton.requests[-1]
     assert request.model == "ft-echo" and request.request_id.endswith("-0")  # <request id>-<choice>
     assert int(request.inputs["request_output_len"].reshape(-1)[0]) == 4
+    check_taken(CHAT_TRACE, calls, trace_section(CHAT_TRACE))
+
+
+async def test_a_streamed_messages_request_follows_the_documented_path(stack: InProcessStack) -> None:
+    body = {"model": "ft-echo", "max_tokens": 4, "stream": True, "messages": [{"role": "user", "content": "Say hi"}]}
+    with recorded() as calls:
+        response = await stack.edge.post("/v1/messages", json=body)
+    assert response.status_code == 200, response.text
+    events = parse_events(response.text)
+    names = [event.name for event in events]
+    assert names[:3] == ["message_start", "ping", "content_block_start"], names
+    assert names[-3:] == ["content_block_stop", "message_delta", "message_stop"], names
+    assert "[DONE]" not in [event.data for event in events]  # Anthropic's streams end without it
+    assert json.loads(events[-2].data)["delta"]["stop_reason"] == "max_tokens"
+    follow(calls, MESSAGES)
+    follow(calls, MESSAGE_EVENTS)
+    request = stack.triton.requests[-1]
+    assert request.model == "ft-echo" and int(request.inputs["request_output_len"].reshape(-1)[0]) == 4
+    check_taken(MESSAGES_TRACE, calls, trace_section(MESSAGES_TRACE))
+
+
+async def test_a_stored_responses_follow_up_follows_the_documented_path(stack: InProcessStack) -> None:
+    first = await stack.edge.post("/v1/responses", json={"model": "ft-echo", "input": "Say hi", "max_output_tokens": 4})
+    assert first.status_code == 200, first.text
+    first_prompt, answer = prompt_text(stack), first.json()["output"][0]["content"][0]["text"]
+    body = {"model": "ft-echo", "input": "And again", "previous_response_id": first.json()["id"],
+            "max_output_tokens": 4}
+    with recorded() as calls:
+        response = await stack.edge.post("/v1/responses", json=body)
+    assert response.status_code == 200, response.text
+    assert response.json()["previous_response_id"] == first.json()["id"]
+    follow(calls, RESPONSES)
+    # The model read the stored conversation: the first request's prompt, its answer, then the new input.
+    prompt = prompt_text(stack)
+    assert prompt.startswith(first_prompt) and prompt[len(first_prompt):].startswith(answer), prompt
+    assert "And again" in prompt[len(first_prompt) + len(answer):]
+    check_taken(RESPONSES_TRACE, calls, trace_section(RESPONSES_TRACE))
 
 
 def test_a_hop_out_of_order_fails_the_trace() -> None:
@@ -211,3 +373,19 @@ def test_a_hop_out_of_order_fails_the_trace() -> None:
     follow(calls, ["edge.endpoints.embeddings.to_json"])
     with pytest.raises(AssertionError, match=re.escape("no call of edge.endpoints.embeddings.to_json after")):
         follow(calls, ["services.embed.embedder.pool", "edge.endpoints.embeddings.to_json"])
+
+
+def test_a_trace_that_names_a_hop_the_code_no_longer_takes_fails() -> None:
+    section = trace_section(EMBEDDINGS_TRACE)
+    calls = [Call(f"{hop}.__call__", 1) for hop in documented_hops(section)]
+    check_taken(EMBEDDINGS_TRACE, calls, section)
+    renamed = section + "\n7. `edge.coalesce.Coalescer.no_such_hop` answers it.\n"
+    with pytest.raises(AssertionError, match=re.escape("names ['edge.coalesce.Coalescer.no_such_hop'], which")):
+        check_taken(EMBEDDINGS_TRACE, calls, renamed)
+
+
+def test_a_trace_that_misses_a_pinned_hop_fails() -> None:
+    section = trace_section(EMBEDDINGS_TRACE)
+    check_named(EMBEDDINGS_TRACE, [EMBEDDINGS], section)
+    with pytest.raises(AssertionError, match=re.escape("does not name ['edge.coalesce.Coalescer.no_such_hop']")):
+        check_named(EMBEDDINGS_TRACE, [[*EMBEDDINGS, "edge.coalesce.Coalescer.no_such_hop"]], section)

@@ -92,7 +92,8 @@ MANY = textwrap.dedent('''
     from opentelemetry.instrumentation.grpc import GrpcAioInstrumentorClient
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from edge.clients import LlmClient, ModelDirectory, open_channel
+    from edge.channels import open_channel
+    from edge.clients import LlmClient, ModelDirectory
     from services.common.metrics import MetricsInterceptor
     from services.llm.servicer import LlmServicer
     from tritongate.common.v1 import common_pb2
