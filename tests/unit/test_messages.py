@@ -121,7 +121,7 @@ def test_thinking_switches_the_templates_enable_thinking(thinking: Any, enabled:
     ({"tools": [TOOL], "tool_choice": {"type": "tool"}}, "tool_choice.name", "None"),
     ({"tool_choice": {"type": "any"}}, "tool_choice", "needs 'tools'"),
     ({"tools": [{"name": "x"}]}, "tools[0].input_schema", "input_schema"),
-    ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools[0].type", "web_search_20250305"),
+    ({"tools": [TOOL, {"type": ["web_search_20250305"], "name": "web_search"}]}, "tools[1].type", "string"),
     ({"thinking": {"type": "enabled", "budget_tokens": 100}}, "thinking.budget_tokens", "1024"),
     ({"max_tokens": 1024, "thinking": {"type": "enabled", "budget_tokens": 1024}}, "thinking.budget_tokens",
      "less than"),
