@@ -68,7 +68,7 @@ def image_url(block: dict[str, Any], where: str) -> tuple[str, str]:
 
 def _reference(part: dict[str, Any], where: str) -> ToolChange:
     """A `tool_reference` block: its tool is loaded from here on."""
-    return ToolChange(_string(part, "tool_name", where), True, where)
+    return ToolChange(_string(part, "tool_name", where), offered=True)
 
 
 def _tool_result_text(block: dict[str, Any], where: str, found: _Found) -> str:
@@ -155,7 +155,8 @@ def _assistant_turn(blocks: Blocks, found: _Found) -> llm_pb2.ChatMessage:
                                                        arguments=json.dumps(call_input, ensure_ascii=False)))
         else:
             raise ParamError(f"'{where}.type': blocks of type {kind!r} are not supported in an assistant turn: "
-                             "only text, thinking, tool_use and tool search's", f"{where}.type")
+                             "only text, thinking, redacted_thinking, tool_use, server_tool_use and "
+                             "tool_search_tool_result", f"{where}.type")
     message.content = "\n".join(texts)
     message.reasoning = "\n".join(thoughts)
     return message
@@ -174,7 +175,7 @@ def _system_turn(blocks: Blocks, found: _Found) -> list[llm_pb2.ChatMessage]:
             if not isinstance(tool, dict) or tool.get("type") != "tool_reference":
                 raise ParamError(f"'{where}.tool' must be a tool_reference ({{type: tool_reference, name}}) to a "
                                  "tool of 'tools'", f"{where}.tool")
-            found.changes.append(ToolChange(_string(tool, "name", f"{where}.tool"), kind == "tool_addition", where))
+            found.changes.append(ToolChange(_string(tool, "name", f"{where}.tool"), kind == "tool_addition"))
         else:
             raise ParamError(f"'{where}.type': blocks of type {kind!r} are not supported in a system turn: only "
                              "text, tool_addition and tool_removal", f"{where}.type")
@@ -219,8 +220,8 @@ def _turns(value: list[Any]) -> list[tuple[str, Blocks]]:
         else:
             turns.append((role, blocks))
     if all(role == "system" for role, _ in turns):
-        raise ParamError("'messages[0].role': the conversation has no user turn (a system prompt alone goes in the "
-                         "top-level 'system')", "messages[0].role")
+        raise ParamError("'messages[0].role': the conversation has only system turns (a system prompt alone goes "
+                         "in the top-level 'system')", "messages[0].role")
     return turns
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from edge.endpoints.tools import MAX_TOOLS, NAME, Tooling, function_tool
@@ -80,11 +80,10 @@ def _defined_tool(entry: dict[str, Any], described: tuple[str, dict[str, Any]], 
 
 @dataclass(frozen=True)
 class ToolChange:
-    """A tool the conversation loads (`offered`) or withdraws, by name, from the block at `param` on."""
+    """A tool the conversation loads (`offered`) or withdraws, by name."""
 
     name: str
     offered: bool
-    param: str
 
 
 @dataclass(frozen=True)
@@ -92,10 +91,10 @@ class MessageTools:
     """`tools` by kind: every tool the client runs (in order), the names of those deferred (offered once
     loaded), and the server tools (hosted; by name, where they have one)."""
 
-    tools: list[llm_pb2.Tool]
-    deferred: frozenset[str]
-    hosted: list[llm_pb2.HostedTool]
-    hosted_names: frozenset[str]
+    tools: list[llm_pb2.Tool] = field(default_factory=list)
+    deferred: frozenset[str] = frozenset()
+    hosted: list[llm_pb2.HostedTool] = field(default_factory=list)
+    hosted_names: frozenset[str] = frozenset()
 
     def offered(self, changes: Iterable[ToolChange]) -> list[llm_pb2.Tool]:
         """The tools offered to the model after the conversation's loads and withdrawals (a change naming no

@@ -173,7 +173,7 @@ class MessagesInput(OpenAIRequest):
         """The offered tools (those the conversation loads or withdraws counted) and tool_choice over them;
         the conversation edited."""
         conversation: Conversation = self.messages
-        tools: MessageTools = self.tools or MessageTools([], frozenset(), [], frozenset())
+        tools: MessageTools = self.tools or MessageTools()
         self._tooling = tool_choice(self.tool_choice, tools, tools.offered(conversation.tool_changes))
         if self.context_management is not None:
             self._applied = apply_edits(conversation.messages, self.context_management)
