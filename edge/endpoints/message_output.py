@@ -1,7 +1,11 @@
 """A Messages answer: collected into one Message (`MessageShape.response`) or streamed as Anthropic's events
 (`MessageEvents`): `message_start`, `ping`, per content block `content_block_start`, its deltas
 (`thinking_delta`, `text_delta`, `input_json_delta`) and `content_block_stop`, then `message_delta` (the
-stop reason and the usage) and `message_stop`; and a token count's answer.
+stop reason, the usage and the context edits applied) and `message_stop`; and a token count's answer.
+
+The usage counts as Anthropic's does: `input_tokens` are the prompt tokens the backend did not take from its
+cache, `cache_read_input_tokens` those it did (`Usage.cached_tokens`; known when the generation ends, so 0 in
+`message_start`), `cache_creation_input_tokens` 0.
 """
 
 from __future__ import annotations
@@ -26,9 +30,9 @@ def _stop(finish_reason: str, stop_string: str) -> dict[str, Any]:
     return {"stop_reason": STOP_REASONS.get(finish_reason, "end_turn"), "stop_sequence": None}
 
 
-def _usage(input_tokens: int, output_tokens: int) -> dict[str, int]:
-    return {"input_tokens": input_tokens, "output_tokens": output_tokens, "cache_creation_input_tokens": 0,
-            "cache_read_input_tokens": 0}
+def _usage(usage: common_pb2.Usage) -> dict[str, int]:
+    return {"input_tokens": usage.prompt_tokens - usage.cached_tokens, "output_tokens": usage.completion_tokens,
+            "cache_creation_input_tokens": 0, "cache_read_input_tokens": usage.cached_tokens}
 
 
 def _arguments(text: str) -> dict[str, Any]:
@@ -57,10 +61,16 @@ def tool_use_block(call_id: str, name: str, call_input: dict[str, Any]) -> dict[
 
 
 class MessageShape:
-    """A whole Message (the collecting side of the generation path), and its stream (`events`)."""
+    """A whole Message (the collecting side of the generation path), and its stream (`events`): the thinking's
+    text shown unless `thinking_shown` is False (its blocks empty), the context edits applied
+    (`applied_edits`) reported unless None (the request asked for none)."""
 
     object = "message"
     prefix = "msg_"  # Anthropic's ids: msg_...
+
+    def __init__(self, thinking_shown: bool = True, applied_edits: list[dict[str, Any]] | None = None) -> None:
+        self.thinking_shown = thinking_shown
+        self.context_management = None if applied_edits is None else {"applied_edits": applied_edits}
 
     def message(self, head: dict[str, Any], content: list[dict[str, Any]], stop: dict[str, Any],
                 usage: dict[str, int]) -> dict[str, Any]:
@@ -69,13 +79,15 @@ class MessageShape:
 
     def response(self, head: dict[str, Any], choices: list[Collected], usage: common_pb2.Usage) -> dict[str, Any]:
         choice = choices[0]
-        content = [thinking_block(choice.reasoning)] if choice.reasoning else []
+        content = [thinking_block(choice.reasoning if self.thinking_shown else "")] if choice.reasoning else []
         if choice.text:
             content.append(text_block(choice.text))
         content += [tool_use_block(call["id"], call["name"], _arguments(call["arguments"]))
                     for call in choice.tool_calls]
-        return self.message(head, content, _stop(choice.finish_reason, choice.stop_string),
-                            _usage(usage.prompt_tokens, usage.completion_tokens))
+        message = self.message(head, content, _stop(choice.finish_reason, choice.stop_string), _usage(usage))
+        if self.context_management is not None:
+            message["context_management"] = self.context_management
+        return message
 
     def events(self, head: dict[str, Any]) -> MessageEvents:
         return MessageEvents(self, head)
@@ -113,14 +125,15 @@ class MessageEvents:
     def start(self, accepted: llm_pb2.Accepted) -> Iterable[bytes]:
         self.input_tokens = accepted.prompt_tokens
         message = self.shape.message(self.head, [], {"stop_reason": None, "stop_sequence": None},
-                                     _usage(accepted.prompt_tokens, 0))
+                                     _usage(common_pb2.Usage(prompt_tokens=accepted.prompt_tokens)))
         yield _event({"type": "message_start", "message": message})
         yield _event({"type": "ping"})
 
     def delta(self, delta: llm_pb2.Delta) -> Iterable[bytes]:
         if delta.reasoning:
             yield from self._block("thinking", thinking_block(""))
-            yield self._delta({"type": "thinking_delta", "thinking": delta.reasoning})
+            if self.shape.thinking_shown:
+                yield self._delta({"type": "thinking_delta", "thinking": delta.reasoning})
         if delta.text:
             yield from self._block("text", text_block(""))
             yield self._delta({"type": "text_delta", "text": delta.text})
@@ -134,8 +147,10 @@ class MessageEvents:
         yield from self._close()
 
     def finish(self, usage: common_pb2.Usage) -> Iterable[bytes]:
-        yield _event({"type": "message_delta", "delta": self.stop,
-                      "usage": _usage(usage.prompt_tokens, usage.completion_tokens)})
+        closing = {"type": "message_delta", "delta": self.stop, "usage": _usage(usage)}
+        if self.shape.context_management is not None:
+            closing["context_management"] = self.shape.context_management
+        yield _event(closing)
         yield _event({"type": "message_stop"})
 
 

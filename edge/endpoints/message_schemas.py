@@ -38,6 +38,24 @@ class MessageUsage(ResponseModel):
     cache_read_input_tokens: int
 
 
+class ClearedThinking(ResponseModel):
+    type: Literal["clear_thinking_20251015"]
+    cleared_thinking_turns: int
+    cleared_input_tokens: int  # 0: not counted
+
+
+class ClearedToolUses(ResponseModel):
+    type: Literal["clear_tool_uses_20250919"]
+    cleared_tool_uses: int
+    cleared_input_tokens: int  # 0: not counted
+
+
+class ContextManagement(ResponseModel):
+    """The context edits the request asked for that cleared something."""
+
+    applied_edits: list[Annotated[ClearedThinking | ClearedToolUses, Field(discriminator="type")]]
+
+
 class Message(ResponseModel):
     id: str
     type: Literal["message"]
@@ -47,6 +65,7 @@ class Message(ResponseModel):
     stop_reason: Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"] | None
     stop_sequence: str | None
     usage: MessageUsage
+    context_management: ContextManagement | None = None  # when the request had `context_management`
 
 
 class MessageStartEvent(ResponseModel):
@@ -99,6 +118,7 @@ class MessageDeltaEvent(ResponseModel):
     type: Literal["message_delta"]
     delta: StopDelta
     usage: MessageUsage
+    context_management: ContextManagement | None = None  # when the request had `context_management`
 
 
 class MessageStopEvent(ResponseModel):

@@ -25,7 +25,7 @@ STREAMED: dict[int | str, dict[str, Any]] = {200: {
 
 @router.post("/v1/messages", responses=STREAMED)
 async def create_message(body: messages.MessagesRequest, request: Request) -> Response:
-    shape = message_output.MessageShape()
+    shape = messages.answer_shape(body)
     return await run(request, messages.generation_input(body),
                      Answer(shape, shape.events, respond=message_output.event_stream))
 

@@ -4,6 +4,8 @@ its routes only."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,6 +20,7 @@ from tritongate.common.v1 import common_pb2
 from tritongate.llm.v1 import llm_pb2
 
 USAGE = common_pb2.Usage(prompt_tokens=3, completion_tokens=1, total_tokens=4)
+CLAUDE_CODE = Path(__file__).parents[1] / "captures" / "claude-code-2.1.328-first-request.json"
 
 TOOL = {"name": "get_time", "description": "The time in a zone.",
         "input_schema": {"type": "object", "properties": {"zone": {"type": "string"}}}}
@@ -121,7 +124,7 @@ def test_thinking_switches_the_templates_enable_thinking(thinking: Any, enabled:
     ({"tools": [TOOL], "tool_choice": {"type": "tool"}}, "tool_choice.name", "None"),
     ({"tool_choice": {"type": "any"}}, "tool_choice", "needs 'tools'"),
     ({"tools": [{"name": "x"}]}, "tools[0].input_schema", "input_schema"),
-    ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools[0].type", "web_search_20250305"),
+    ({"tools": [TOOL, {"type": ["web_search_20250305"], "name": "web_search"}]}, "tools[1].type", "string"),
     ({"thinking": {"type": "enabled", "budget_tokens": 100}}, "thinking.budget_tokens", "1024"),
     ({"max_tokens": 1024, "thinking": {"type": "enabled", "budget_tokens": 1024}}, "thinking.budget_tokens",
      "less than"),
@@ -175,3 +178,113 @@ def test_image_blocks_become_the_user_messages_pending_images() -> None:
     assert [(image.message is user, image.url, image.param) for image in generation.images] == [
         (True, "data:image/png;base64,iVBORw0KGgo=", "messages[0].content[1].source.data"),
         (True, "https://example.com/a.jpg", "messages[0].content[2].source.url")]
+
+
+def test_system_turns_stay_where_they_stand_and_cache_control_changes_nothing() -> None:
+    cached = {"cache_control": {"type": "ephemeral", "ttl": "1h"}}
+    generation = messages.generation_input(request(system=[{"type": "text", "text": "Be brief.", **cached}], messages=[
+        {"role": "user", "content": [{"type": "text", "text": "Hi.", **cached}]},
+        {"role": "system", "content": "The user is in Rome."},
+        {"role": "assistant", "content": "Ciao."},
+        {"role": "system", "content": [{"type": "text", "text": "Answer in English.", **cached}], "clear_at": "never"},
+        {"role": "user", "content": "Again?"}], tools=[{**TOOL, **cached}]))
+    assert [(m.role, m.content) for m in generation.messages] == [
+        ("system", "Be brief."), ("user", "Hi."), ("system", "The user is in Rome."), ("assistant", "Ciao."),
+        ("system", "Answer in English."), ("user", "Again?")]
+
+
+def test_a_system_turn_shown_until_the_next_user_turn_is_left_out_once_one_follows() -> None:
+    reminder = {"role": "system", "content": "Reminder.", "clear_at": "next_user_message"}
+    later = messages.generation_input(request(messages=[{"role": "user", "content": "one"}, reminder,
+                                                        {"role": "user", "content": "two"}]))
+    assert [(m.role, m.content) for m in later.messages] == [("user", "one\ntwo")]
+    last = messages.generation_input(request(messages=[{"role": "user", "content": "one"}, reminder]))
+    assert [m.role for m in last.messages] == ["user", "system"]
+
+
+@pytest.mark.parametrize(("thinking", "enabled", "shown"), [
+    ({"type": "adaptive"}, None, True), ({"type": "adaptive", "display": "omitted"}, None, False),
+    ({"type": "adaptive", "display": "summarized"}, None, True),
+    ({"type": "enabled", "budget_tokens": 1024, "display": "omitted"}, True, False),
+    ({"type": "disabled"}, False, True), (None, None, True)])
+def test_thinking_and_its_display(thinking: Any, enabled: bool | None, shown: bool) -> None:
+    body = request(max_tokens=2048, thinking=thinking)
+    assert dict(messages.generation_input(body).proto().chat_template_kwargs).get("enable_thinking") == enabled
+    assert messages.answer_shape(body).thinking_shown is shown
+
+
+def test_output_config_effort_and_format() -> None:
+    proto = messages.generation_input(request(output_config={"effort": "high", "format": {
+        "type": "json_schema", "schema": {"type": "object", "properties": {"city": {"type": "string"}}}}})).proto()
+    assert dict(proto.chat_template_kwargs) == {"reasoning_effort": "high"}
+    assert json.loads(proto.guide.json_schema)["properties"] == {"city": {"type": "string"}}
+    assert not messages.generation_input(request(output_config={})).proto().HasField("guide")
+
+
+def test_max_tokens_is_fitted_to_the_models_room_and_a_count_sends_none() -> None:
+    proto = messages.generation_input(request(max_tokens=32000)).proto()
+    assert proto.max_tokens == 32000 and proto.fit_max_tokens
+    counted = messages.CountTokensRequest.model_validate({"model": "m", "messages": [{"role": "user",
+                                                                                      "content": "hi"}]})
+    assert not messages.generation_input(counted).proto().fit_max_tokens
+
+
+@pytest.mark.parametrize(("fields", "param"), [
+    ({"thinking": {"type": "between_tools"}}, "thinking"),
+    ({"thinking": {"type": "adaptive", "display": "full"}}, "thinking.display"),
+    ({"output_config": {"effort": "extreme"}}, "output_config.effort"),
+    ({"output_config": "high"}, "output_config"),
+    ({"output_config": {"format": {"type": "json_object"}}}, "output_config.format"),
+    ({"output_config": {"format": {"type": "json_schema", "schema": {"type": 5}}}}, "output_config.format"),
+    ({"messages": [{"role": "user", "content": "hi"}, {"role": "system", "content": [
+        {"type": "image", "source": {"type": "url", "url": "x"}}]}]}, "messages[1].content[0].type"),
+    ({"messages": [{"role": "user", "content": "hi", "clear_at": "never"}]}, "messages[0].clear_at"),
+    ({"messages": [{"role": "user", "content": "hi"}, {"role": "system", "content": "x", "clear_at": "soon"}]},
+     "messages[1].clear_at"),
+    ({"messages": [{"role": "developer", "content": "hi"}]}, "messages[0].role"),
+])
+def test_bad_claude_code_fields_are_refused_naming_their_place(fields: dict[str, Any], param: str) -> None:
+    assert refusal(**fields)[0] == param
+
+
+def test_the_answer_to_a_beta_request() -> None:
+    """Thinking omitted (its blocks empty, no thinking deltas), the context edits reported, and the prompt tokens
+    the backend took from its cache counted as Anthropic counts them."""
+    applied = [{"type": "clear_thinking_20251015", "cleared_thinking_turns": 1, "cleared_input_tokens": 0}]
+    shape = message_output.MessageShape(thinking_shown=False, applied_edits=applied)
+    cached = common_pb2.Usage(prompt_tokens=30, completion_tokens=5, total_tokens=35, cached_tokens=20)
+    deltas = [llm_pb2.Delta(reasoning="Secret."), llm_pb2.Delta(text="Done.", finish_reason="stop")]
+    choice = Collected()
+    for delta in deltas:
+        choice.add(delta)
+    answer = shape.response({"id": "msg_1", "model": "m"}, [choice], cached)
+    assert answer["content"] == [{"type": "thinking", "thinking": "", "signature": ""},
+                                 {"type": "text", "text": "Done."}]
+    assert answer["usage"] == {"input_tokens": 10, "output_tokens": 5, "cache_creation_input_tokens": 0,
+                               "cache_read_input_tokens": 20}
+    assert answer["context_management"] == {"applied_edits": applied}
+    events = shape.events({"id": "msg_1", "model": "m"})
+    written = b"".join([*events.start(llm_pb2.Accepted(prompt_tokens=30, choices=1)),
+                        *(piece for delta in deltas for piece in events.delta(delta)), *events.end(0, "stop"),
+                        *events.finish(cached)]).decode()
+    payloads = [json.loads(line[len("data: "):]) for line in written.splitlines() if line.startswith("data: ")]
+    assert [p["delta"]["type"] for p in payloads if p["type"] == "content_block_delta"] == ["text_delta"]
+    assert payloads[0]["message"]["usage"]["cache_read_input_tokens"] == 0  # known when the generation ends
+    assert payloads[-2]["usage"]["cache_read_input_tokens"] == 20
+    assert payloads[-2]["context_management"] == {"applied_edits": applied}
+
+
+def test_claude_codes_first_request_is_taken_whole() -> None:
+    """Claude Code 2.1.328's first request as it sent it: system blocks with cache_control, a system turn,
+    adaptive thinking with its display omitted, context_management, output_config, max_tokens 32000, a JSON
+    user_id and twelve tools, one of them a deferred placeholder."""
+    captured = json.loads(CLAUDE_CODE.read_text())["body"]
+    body = messages.MessagesRequest.model_validate(captured)
+    generation = messages.generation_input(body)
+    assert [m.role for m in generation.messages] == ["system", "user", "system"]
+    assert len(generation.tools) == 11 and "DeferredToolPlaceholder" not in {tool.name for tool in generation.tools}
+    proto = generation.proto()
+    assert dict(proto.chat_template_kwargs) == {"reasoning_effort": "high"} and proto.fit_max_tokens
+    assert proto.max_tokens == 32000 and proto.chat.tool_choice.mode == "auto" and generation.stream
+    shape = messages.answer_shape(body)
+    assert not shape.thinking_shown and shape.context_management == {"applied_edits": []}

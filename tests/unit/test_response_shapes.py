@@ -217,18 +217,26 @@ MESSAGE_GENERATIONS = [*GENERATIONS[:2], GENERATIONS[3], *WITH_CALLS, Generation
                                                      llm_pb2.Delta(finish_reason="stop", stop_string=", 3")])]
 
 
+# A beta request's answer (Claude Code's): thinking not shown (`display: omitted`), the context edits it
+# asked for reported, prompt tokens from the backend's cache counted.
+APPLIED = [{"type": "clear_thinking_20251015", "cleared_thinking_turns": 2, "cleared_input_tokens": 0},
+           {"type": "clear_tool_uses_20250919", "cleared_tool_uses": 3, "cleared_input_tokens": 0}]
+MESSAGE_SHAPES = [("", message_output.MessageShape(), USAGE),
+                  (" (beta)", message_output.MessageShape(thinking_shown=False, applied_edits=APPLIED), REASONED)]
+
+
 def messages_cases() -> Iterator[Case]:
     """Anthropic's Message, stream events, token count and error, also against its published shapes."""
-    shape = message_output.MessageShape()
-    head = {**HEAD, "object": shape.object}
-    for generation in MESSAGE_GENERATIONS:
-        name = f"message {generation.name}"
-        yield Case(f"{name}: response", message_schemas.Message, shape.response(head, collected(generation), USAGE),
-                   anthropic_schema.validate_message)
-        for i, (event, payload) in enumerate(sse_payloads(framed(shape.events(head), generation))):
-            assert event == payload["type"]
-            yield Case(f"{name}: event {i} {event}", message_schemas.MessageStreamEvent, payload,
-                       anthropic_schema.validate_event)
+    for variant, shape, usage in MESSAGE_SHAPES:
+        head = {**HEAD, "object": shape.object}
+        for generation in MESSAGE_GENERATIONS:
+            name = f"message{variant} {generation.name}"
+            yield Case(f"{name}: response", message_schemas.Message,
+                       shape.response(head, collected(generation), usage), anthropic_schema.validate_message)
+            for i, (event, payload) in enumerate(sse_payloads(framed(shape.events(head), generation, usage))):
+                assert event == payload["type"]
+                yield Case(f"{name}: event {i} {event}", message_schemas.MessageStreamEvent, payload,
+                           anthropic_schema.validate_event)
     yield Case("message token count", message_schemas.TokenCount, message_output.token_count(12),
                anthropic_schema.validate_count)
     for status in (400, 401, 404, 413, 429, 500, 503, 504):
