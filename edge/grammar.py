@@ -49,6 +49,10 @@ def lark_to_ebnf(source: str) -> str:
         raise GrammarError("%ignore is not supported: write the separators into the rules")
     if not any(rule.origin.name == "start" for rule in rules):
         raise GrammarError("the Lark grammar has no `start` rule")
+    defined = {terminal.name for terminal in terminals}
+    declared = sorted({s.name for rule in rules for s in rule.expansion if s.is_term and s.name not in defined})
+    if declared:  # `%declare`d: a terminal a custom lexer would give, with no text of its own
+        raise GrammarError(f"%declare is not supported: terminal {declared[0]} has no definition")
     names = _Names()
     lines = [f"root ::= {names.rule('start')}"]
     by_origin: dict[str, list[list[str]]] = {}

@@ -1,6 +1,7 @@
 """The one Server-Sent Events helper, OpenAI's flavour: `data: {json}` events, a `: keep-alive` comment
 when nothing was sent for a while, an `error` event when something fails after the headers went out
-(the status can no longer change), and `data: [DONE]` at the end, error or not.
+(the status can no longer change; an endpoint may write its own failure event instead, as the Responses
+API's `response.failed`), and `data: [DONE]` at the end, error or not.
 
 A client that disconnects cancels the event generator, and with it the gRPC call it is reading, which
 cancels the Triton request. On shutdown, streams in flight finish while uvicorn drains (up to its
@@ -40,17 +41,23 @@ def error_event(error: OpenAIError, path: str = "") -> bytes:
     return b"event: error\ndata: " + orjson.dumps(error.body(path)) + b"\n\n"
 
 
+FailureEvent = Callable[[OpenAIError, str], bytes]  # the event that ends a failed stream to a path
+
+
 class EventStream(Response):
-    """Streams `events` (already encoded), then `done` (`[DONE]`; Anthropic's streams end without it)."""
+    """Streams `events` (already encoded), then `done` (`[DONE]`; Anthropic's streams end without it); a
+    failure is written by `failed` before it."""
 
     def __init__(self, events: AsyncGenerator[bytes, None], keepalive_s: float,
-                 to_error: Callable[[Exception], OpenAIError], done: bytes = DONE) -> None:
+                 to_error: Callable[[Exception], OpenAIError], done: bytes = DONE,
+                 failed: FailureEvent = error_event) -> None:
         self.status_code, self.media_type, self.background = 200, "text/event-stream", None
         self.init_headers(_HEADERS)  # as StreamingResponse: no Content-Length
         self.events = events
         self.keepalive_s = keepalive_s
         self.to_error = to_error
         self.done = done
+        self.failed = failed
         self.sent = 0  # writes so far: the keep-alive timer's sign of life
         self.ended = False
 
@@ -66,7 +73,7 @@ class EventStream(Response):
                             await send({"type": "http.response.body", "body": event, "more_body": True})
                             self.sent += 1
                 except Exception as exc:  # cancellation (the client gone) is not an Exception and propagates
-                    last = error_event(self.to_error(exc), scope["path"]) + self.done
+                    last = self.failed(self.to_error(exc), scope["path"]) + self.done
                 self.ended = True
                 await send({"type": "http.response.body", "body": last, "more_body": False})
             except asyncio.CancelledError:
@@ -86,6 +93,8 @@ class EventStream(Response):
 
 
 def sse_response(events: AsyncGenerator[bytes, None], keepalive_s: float,
-                 to_error: Callable[[Exception], OpenAIError] = as_openai_error, done: bytes = DONE) -> EventStream:
-    """Stream `events` (already encoded), then `done`; a failure becomes an error event first."""
-    return EventStream(events, keepalive_s, to_error, done)
+                 to_error: Callable[[Exception], OpenAIError] = as_openai_error, done: bytes = DONE,
+                 failed: FailureEvent = error_event) -> EventStream:
+    """Stream `events` (already encoded), then `done`; a failure becomes an error event first (`failed`
+    writes it: an `error` event unless the endpoint has its own)."""
+    return EventStream(events, keepalive_s, to_error, done, failed)

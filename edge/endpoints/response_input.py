@@ -1,21 +1,31 @@
-"""A Responses request's `input` as the generation's chat messages: message items, and the function calls
-of an earlier answer (`function_call` items) with their results (`function_call_output` items), which
-become chat's assistant `tool_calls` and `tool` messages, so that an agent's next turn reads as chat's
-would. A refused item names its own place in the request (`input[3].content`). A message's
-`input_image` parts become its images (loaded by edge/images.py, as chat's `image_url` parts).
+"""A Responses request's `input` as the generation's chat messages: message items (a `developer` message,
+wherever it stands, is a system message), and the calls of an earlier answer (`function_call` and
+`custom_tool_call` items, a namespace's tools under `<namespace>.<name>` as the model was offered them) with
+their results (`function_call_output`, `custom_tool_call_output`), which become chat's assistant
+`tool_calls` and `tool` messages, so that an agent's next turn reads as chat's would. A `reasoning` item is
+the thinking of the assistant message after it: from its `encrypted_content` when this server wrote it
+(edge/endpoints/encrypted_content.py), else from its `reasoning_text` content; an `encrypted_content` of
+another server's is ignored. Items' `id`s are accepted and not read. A refused item names its own place in
+the request (`input[3].content`). A message's `input_image` parts become its images (loaded by
+edge/images.py, as chat's `image_url` parts).
 """
 
 from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+from edge.endpoints.encrypted_content import thinking_of
+from edge.endpoints.response_tools import qualified
 from edge.errors import ParamError
 from edge.images import PendingImage
 from tritongate.llm.v1 import llm_pb2
 
 ROLES = ("user", "system", "developer", "assistant")
 TEXT_PARTS = ("input_text", "output_text", "text")
-ITEM_TYPES = ("message", "function_call", "function_call_output")
+ITEM_TYPES = ("message", "function_call", "function_call_output", "custom_tool_call", "custom_tool_call_output",
+              "reasoning")
+OUTPUT_TYPES = ("function_call_output", "custom_tool_call_output")
+
 
 class InputMessages(NamedTuple):
     """`input` as chat messages, and the images their `input_image` parts name."""
@@ -56,13 +66,39 @@ def _string(item: dict[str, Any], field: str, where: str) -> str:
     return value
 
 
+def _name(item: dict[str, Any], where: str) -> str:
+    """A call's tool, as the model was offered it (`<namespace>.<name>` in a namespace)."""
+    namespace = item.get("namespace")
+    if namespace is not None and (not isinstance(namespace, str) or not namespace):
+        raise ParamError(f"'{where}.namespace' must be a non-empty string", f"{where}.namespace")
+    return qualified(_string(item, "name", where), namespace)
+
+
 def _call(item: dict[str, Any], where: str) -> llm_pb2.ToolCall:
-    """A `function_call` item as an entry of chat's `tool_calls`."""
-    arguments = item.get("arguments")
-    if not isinstance(arguments, str):
-        raise ParamError(f"'{where}.arguments' must be a string (the call's arguments as JSON)", f"{where}.arguments")
-    return llm_pb2.ToolCall(id=_string(item, "call_id", where), name=_string(item, "name", where),
-                            arguments=arguments)
+    """A `function_call` item (arguments: JSON text) or a `custom_tool_call` item (input: any text) as an
+    entry of chat's `tool_calls`."""
+    custom = item.get("type") == "custom_tool_call"
+    field = "input" if custom else "arguments"
+    text = item.get(field)
+    if not isinstance(text, str):
+        what = "the tool's input" if custom else "the call's arguments as JSON"
+        raise ParamError(f"'{where}.{field}' must be a string ({what})", f"{where}.{field}")
+    return llm_pb2.ToolCall(id=_string(item, "call_id", where), name=_name(item, where), arguments=text,
+                            custom=custom)
+
+
+def _thinking(item: dict[str, Any], where: str) -> str:
+    """A reasoning item's thinking: ours from `encrypted_content`, else its `reasoning_text` parts."""
+    ours = thinking_of(item.get("encrypted_content"))
+    if ours is not None:
+        return ours
+    content = item.get("content")
+    if content is None:
+        return ""
+    if not isinstance(content, list) or not all(
+            isinstance(part, dict) and isinstance(part.get("text"), str) for part in content):
+        raise ParamError(f"'{where}.content' must be an array of reasoning_text parts", f"{where}.content")
+    return "\n".join(part["text"] for part in content)
 
 
 def _message(item: dict[str, Any], where: str, pending: list[PendingImage]) -> llm_pb2.ChatMessage:
@@ -76,13 +112,28 @@ def _message(item: dict[str, Any], where: str, pending: list[PendingImage]) -> l
     return message
 
 
-def _add_call(messages: list[llm_pb2.ChatMessage], call: llm_pb2.ToolCall) -> None:
-    """Calls that follow an assistant message (its text, or calls made with it) belong to that message,
-    as one chat answer holds its text and all its calls."""
-    if messages and messages[-1].role == "assistant":
-        messages[-1].tool_calls.append(call)
-    else:
-        messages.append(llm_pb2.ChatMessage(role="assistant", tool_calls=[call]))
+class _Conversation:
+    """The messages so far, and the thinking that the next assistant message carries."""
+
+    def __init__(self) -> None:
+        self.messages: list[llm_pb2.ChatMessage] = []
+        self.thinking: list[str] = []
+
+    def add(self, message: llm_pb2.ChatMessage) -> None:
+        if message.role == "assistant" and self.thinking:
+            message.reasoning = "\n".join(self.thinking)
+        if message.role == "assistant" or message.role == "user":
+            self.thinking = []  # thinking before a user message belongs to no answer
+        self.messages.append(message)
+
+    def add_call(self, call: llm_pb2.ToolCall) -> None:
+        """Calls that follow an assistant message (its text, or calls made with it) belong to that message,
+        as one chat answer holds its text and all its calls; thinking before a call opens a new answer."""
+        last = self.messages[-1] if self.messages else None
+        if last is not None and last.role == "assistant" and not self.thinking:
+            last.tool_calls.append(call)
+        else:
+            self.add(llm_pb2.ChatMessage(role="assistant", tool_calls=[call]))
 
 
 def input_messages(value: Any) -> InputMessages:
@@ -93,7 +144,7 @@ def input_messages(value: Any) -> InputMessages:
         return InputMessages([llm_pb2.ChatMessage(role="user", content=value)], [])
     if not isinstance(value, list) or not value:
         raise ParamError("'input' must be a non-empty string or a non-empty array of input items", "input")
-    messages: list[llm_pb2.ChatMessage] = []
+    conversation = _Conversation()
     images: list[PendingImage] = []
     for i, item in enumerate(value):
         where = f"input[{i}]"
@@ -101,13 +152,17 @@ def input_messages(value: Any) -> InputMessages:
             raise ParamError(f"'{where}' must be an object (an input item)", where)
         kind = item.get("type", "message")
         if kind == "message":
-            messages.append(_message(item, where, images))
-        elif kind == "function_call":
-            _add_call(messages, _call(item, where))
-        elif kind == "function_call_output":
-            messages.append(llm_pb2.ChatMessage(role="tool", tool_call_id=_string(item, "call_id", where),
-                                                content=_item_text(item.get("output"), f"{where}.output")))
+            conversation.add(_message(item, where, images))
+        elif kind in ("function_call", "custom_tool_call"):
+            conversation.add_call(_call(item, where))
+        elif kind in OUTPUT_TYPES:
+            conversation.add(llm_pb2.ChatMessage(role="tool", tool_call_id=_string(item, "call_id", where),
+                                                 content=_item_text(item.get("output"), f"{where}.output")))
+        elif kind == "reasoning" and (thinking := _thinking(item, where)):
+            conversation.thinking.append(thinking)
+        elif kind == "reasoning":
+            continue  # no thinking to replay (a summary only, or another server's encrypted_content)
         else:
             raise ParamError(f"'{where}.type': input items of type {kind!r} are not supported: only "
                              f"{', '.join(repr(kind) for kind in ITEM_TYPES)} items", f"{where}.type")
-    return InputMessages(messages, images)
+    return InputMessages(conversation.messages, images)

@@ -37,6 +37,8 @@ class ReasoningItem(ResponseModel):
     status: Literal["in_progress", "completed", "incomplete"]
     summary: list[Any]  # always empty: no summaries are written
     content: list[ReasoningText]
+    # With include ["reasoning.encrypted_content"], once whole: the thinking, opaque (not secret).
+    encrypted_content: str | None = None
 
 
 class ReasoningConfig(ResponseModel):
@@ -51,6 +53,19 @@ class FunctionCallItem(ResponseModel):
     call_id: str
     name: str
     arguments: str
+    namespace: str | None = None  # a namespace's function: its namespace (`name` is the function's own)
+
+
+class CustomToolCallItem(ResponseModel):
+    id: str
+    type: Literal["custom_tool_call"]
+    call_id: str
+    name: str
+    input: str  # the raw input, as the tool's format (its grammar) has it
+    namespace: str | None = None
+
+
+OutputItem = ReasoningItem | OutputMessage | FunctionCallItem | CustomToolCallItem
 
 
 class ResponseUsage(ResponseModel):
@@ -61,18 +76,23 @@ class ResponseUsage(ResponseModel):
     total_tokens: int
 
 
+class ResponseError(ResponseModel):
+    code: Literal["server_error", "rate_limit_exceeded"]
+    message: str
+
+
 class Response(ResponseModel):
     id: str
     object: Literal["response"]
     created_at: int
     completed_at: int | None = None
-    status: Literal["completed", "incomplete", "in_progress"]
-    error: None
+    status: Literal["completed", "incomplete", "in_progress", "failed"]
+    error: ResponseError | None  # a failed Response's
     incomplete_details: dict[str, str] | None
     instructions: str | None
     max_output_tokens: int | None
     model: str
-    output: list[ReasoningItem | OutputMessage | FunctionCallItem]
+    output: list[OutputItem]
     parallel_tool_calls: bool
     previous_response_id: str | None
     reasoning: ReasoningConfig | None
@@ -82,10 +102,15 @@ class Response(ResponseModel):
     text: dict[str, Any]
     tool_choice: Any
     tools: list[Any]
-    truncation: Literal["disabled"]
+    truncation: Literal["auto", "disabled"]
     usage: ResponseUsage | None = None
     user: str | None = None
     metadata: dict[str, str]
+    # Echoed when the request has them.
+    max_tool_calls: int | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
+    service_tier: Literal["auto", "default", "flex", "scale", "priority", "fast", "ultrafast"] | None = None
 
 
 class _Event(ResponseModel):
@@ -93,14 +118,15 @@ class _Event(ResponseModel):
 
 
 class ResponseLifecycleEvent(_Event):
-    type: Literal["response.created", "response.in_progress", "response.completed", "response.incomplete"]
+    type: Literal["response.created", "response.in_progress", "response.completed", "response.incomplete",
+                  "response.failed"]
     response: Response
 
 
 class OutputItemEvent(_Event):
     type: Literal["response.output_item.added", "response.output_item.done"]
     output_index: int
-    item: ReasoningItem | OutputMessage | FunctionCallItem
+    item: OutputItem
 
 
 class ContentPartEvent(_Event):
@@ -160,9 +186,24 @@ class ArgumentsDoneEvent(_Event):
     arguments: str
 
 
+class CustomToolInputDeltaEvent(_Event):
+    type: Literal["response.custom_tool_call_input.delta"]
+    item_id: str
+    output_index: int
+    delta: str
+
+
+class CustomToolInputDoneEvent(_Event):
+    type: Literal["response.custom_tool_call_input.done"]
+    item_id: str
+    output_index: int
+    input: str
+
+
 class ResponseStreamEvent(RootModel[Annotated[
         ResponseLifecycleEvent | OutputItemEvent | ContentPartEvent | OutputTextDeltaEvent | OutputTextDoneEvent
-        | ArgumentsDeltaEvent | ArgumentsDoneEvent | ReasoningTextDeltaEvent | ReasoningTextDoneEvent,
+        | ArgumentsDeltaEvent | ArgumentsDoneEvent | CustomToolInputDeltaEvent | CustomToolInputDoneEvent
+        | ReasoningTextDeltaEvent | ReasoningTextDoneEvent,
         Field(discriminator="type")]]):
     """One event of a stream (`event:` is its `type`): the types of OpenAI's ResponseStreamEvent that
     `ResponseEvents` writes."""

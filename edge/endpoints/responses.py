@@ -2,13 +2,18 @@
 
 A Responses request becomes the generation input (`generation_input`): `instructions` the system
 message, the stored conversation of `previous_response_id` and then `input` the messages
-(edge/endpoints/response_input.py, function calls and their outputs included), `text.format` the output
-format and function `tools` the tools, through the rules chat uses for its own (edge/endpoints/tools.py),
-with errors naming this request's parameters; `reasoning.effort` reaches the chat template as
-`reasoning_effort`, as chat's does. The answer is collected or streamed by the one generation path
-(edge/streaming.py), written by edge/endpoints/response_output.py, its schemas declared in
+(edge/endpoints/response_input.py: calls and their outputs, reasoning items and developer messages
+included), `text.format` the output format, and `tools` the tools (edge/endpoints/response_tools.py:
+function tools through the rules chat uses for its own, custom tools with their grammars, namespaces,
+hosted tools never offered), with errors naming this request's parameters; `reasoning.effort` reaches the
+chat template as `reasoning_effort`, as chat's does. The answer is collected or streamed by the one
+generation path (edge/streaming.py), written by edge/endpoints/response_output.py, its schemas declared in
 edge/endpoints/response_schemas.py. A Response with `store` (the default) is kept, with the conversation
 that led to it, in the state store that every edge process shares (edge/state/).
+
+Fields a coding agent sends that mean nothing to the generation here (`prompt_cache_key`,
+`safety_identifier`, `service_tier`, `truncation`, `text.verbosity`, `client_metadata`) are accepted and,
+where a Response has them, echoed; `max_tool_calls: 1` allows one call (no parallel calls).
 """
 
 from __future__ import annotations
@@ -24,7 +29,14 @@ from edge.endpoints.chat import ReasoningEffort
 from edge.endpoints.common import UINT32_MAX, OpenAIRequest
 from edge.endpoints.llm_common import Temperature, TopP
 from edge.endpoints.response_input import InputMessages, input_messages
-from edge.endpoints.tools import Tooling, response_guide, tool_choice, tool_list
+from edge.endpoints.response_tools import (
+    ResponseToolChoiceJson,
+    ResponseTools,
+    ResponseToolsJson,
+    response_tool_choice,
+    response_tools,
+)
+from edge.endpoints.tools import Tooling, response_guide
 from edge.errors import OpenAIError, bad_request
 from edge.generation import GenerationInput, SamplingRequest
 from edge.images import PendingImage
@@ -33,6 +45,8 @@ from tritongate.llm.v1 import llm_pb2
 
 # The generation's parameters under their Responses names, for what the llm service refuses.
 NAMES = {"response_format": "text.format", "max_tokens": "max_output_tokens", "messages": "input"}
+ENCRYPTED_REASONING = "reasoning.encrypted_content"
+ServiceTier = Literal["auto", "default", "flex", "scale", "priority", "fast", "ultrafast"]
 
 Input = Annotated[Any, WithJsonSchema({"anyOf": [{"type": "string", "minLength": 1}, {"type": "array", "minItems": 1,
                                                                                       "items": {"type": "object"}}]})]
@@ -43,6 +57,14 @@ class ReasoningOptions(OpenAIRequest):
 
     effort: ReasoningEffort | None = None
     summary: Literal["auto", "concise", "detailed"] | None = None
+
+
+class TextOptions(OpenAIRequest):
+    """OpenAI's `text`: the output's `format` ({"type": "text" | "json_object" | "json_schema", ...}), and a
+    `verbosity` that is accepted and echoed (a model here is not told of it)."""
+
+    format: dict[str, Any] | None = None
+    verbosity: Literal["low", "medium", "high"] | None = None
 
 
 class ResponseRequest(OpenAIRequest):
@@ -57,15 +79,23 @@ class ResponseRequest(OpenAIRequest):
     top_p: TopP | None = None
     stream: bool | None = False
     store: bool | None = True
-    text: dict[str, Any] | None = None  # {"format": {"type": "text" | "json_object" | "json_schema", ...}}
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: Any = None
+    text: TextOptions | None = None
+    tools: ResponseToolsJson = None
+    tool_choice: ResponseToolChoiceJson = None
     parallel_tool_calls: bool | None = None
+    max_tool_calls: Annotated[int, Field(ge=1, le=UINT32_MAX)] | None = None
     metadata: dict[str, str] | None = None
     user: str | None = None
     reasoning: ReasoningOptions | None = None
+    include: list[str] | None = None  # only "reasoning.encrypted_content" changes the answer
+    prompt_cache_key: str | None = None
+    safety_identifier: Annotated[str, Field(max_length=64)] | None = None
+    service_tier: ServiceTier | None = None
+    truncation: Literal["auto", "disabled"] | None = None
+    client_metadata: dict[str, Any] | None = None
 
-    _tooling: Tooling = PrivateAttr(default_factory=Tooling)  # tools, tool_choice and text.format, checked
+    _tools: ResponseTools = PrivateAttr(default_factory=ResponseTools)  # `tools`, checked
+    _tooling: Tooling = PrivateAttr(default_factory=Tooling)  # what the model is offered, and text.format
 
     @field_validator("input")
     @classmethod
@@ -73,16 +103,27 @@ class ResponseRequest(OpenAIRequest):
         return input_messages(value)
 
     @model_validator(mode="after")
-    def _tools(self) -> Self:
-        tools = tool_list(self.tools, "tools", "flat") if self.tools else []
-        self._tooling = Tooling(tools, tool_choice(self.tool_choice, tools, "tool_choice", "flat"),
-                                self.parallel_tool_calls,
-                                response_guide((self.text or {}).get("format"), "text.format", nested=None))
+    def _check_tools(self) -> Self:
+        self._tools = response_tools(self.tools) if self.tools is not None else ResponseTools()
+        choice, offered = response_tool_choice(self.tool_choice, self._tools)
+        parallel = False if self.max_tool_calls == 1 else self.parallel_tool_calls
+        self._tooling = Tooling(offered, choice, parallel, response_guide(self.text.format if self.text else None,
+                                                                          "text.format", nested=None))
         return self
 
     @property
     def tooling(self) -> Tooling:
         return self._tooling
+
+    @property
+    def request_tools(self) -> ResponseTools:
+        """The tools as the client named them, and the hosted ones."""
+        return self._tools
+
+    @property
+    def encrypted_reasoning(self) -> bool:
+        """Whether reasoning items carry `encrypted_content`."""
+        return ENCRYPTED_REASONING in (self.include or ())
 
     @property
     def messages(self) -> list[llm_pb2.ChatMessage]:
@@ -97,12 +138,13 @@ def generation_input(body: ResponseRequest, history: Sequence[llm_pb2.ChatMessag
     """The generation that answers `body`, after the conversation `history`."""
     system = [llm_pb2.ChatMessage(role="system", content=body.instructions)] if body.instructions else []
     tooling = body.tooling
+    effort = body.reasoning.effort if body.reasoning else None
     return GenerationInput(
         model=body.model, messages=[*system, *history, *body.messages], images=body.images, stream=bool(body.stream),
         sampling=SamplingRequest(max_tokens=body.max_output_tokens, temperature=body.temperature, top_p=body.top_p),
         tools=tooling.tools, tool_choice=tooling.choice, parallel_tool_calls=tooling.parallel, guide=tooling.guide,
-        names=NAMES, template_variables={"reasoning_effort": body.reasoning.effort}
-        if body.reasoning and body.reasoning.effort else {})
+        hosted_tools=body.request_tools.hosted, names=NAMES,
+        template_variables={"reasoning_effort": effort} if effort else {})
 
 
 @dataclass

@@ -22,7 +22,7 @@ async def create_response(body: responses.ResponseRequest, request: Request) -> 
     history = await responses.history(body, store)
     recorder = response_output.ResponseRecorder(body, history, store)
     return await run(request, responses.generation_input(body, history),
-                     Answer(recorder, recorder.events, persist=recorder.persist))
+                     Answer(recorder, recorder.events, respond=recorder.event_stream, persist=recorder.persist))
 
 
 @stored_router.get("/v1/responses/{response_id}", responses=ok(response_schemas.Response))

@@ -28,7 +28,10 @@ EVENT_SCHEMAS = {"response.created": "ResponseCreatedEvent", "response.in_progre
                  "response.output_item.done": "ResponseOutputItemDoneEvent",
                  "response.function_call_arguments.delta": "ResponseFunctionCallArgumentsDeltaEvent",
                  "response.function_call_arguments.done": "ResponseFunctionCallArgumentsDoneEvent",
-                 "response.completed": "ResponseCompletedEvent", "response.incomplete": "ResponseIncompleteEvent"}
+                 "response.custom_tool_call_input.delta": "ResponseCustomToolCallInputDeltaEvent",
+                 "response.custom_tool_call_input.done": "ResponseCustomToolCallInputDoneEvent",
+                 "response.completed": "ResponseCompletedEvent", "response.incomplete": "ResponseIncompleteEvent",
+                 "response.failed": "ResponseFailedEvent"}
 CLOSING = ["response.output_text.done", "response.content_part.done", "response.output_item.done"]
 
 
@@ -186,7 +189,8 @@ BAD = [
      "text.format"),
     ("unknown previous response", {"input": "hi", "previous_response_id": "resp-nope"}, 400,
      "previous_response_id"),
-    ("built-in tool", {"input": "hi", "tools": [{"type": "web_search"}]}, 400, "tools[0].type"),
+    ("tool choice names a built-in tool", {"input": "hi", "tools": [{"type": "web_search"}],
+                                          "tool_choice": {"type": "web_search_preview"}}, 400, "tool_choice"),
     ("bad text format", {"input": "hi", "text": {"format": {"type": "xml"}}}, 400, "text.format"),
     ("temperature", {"input": "hi", "temperature": 3}, 400, "temperature"),
     ("unknown model", {"model": "no-such-model", "input": "hi"}, 404, "model"),

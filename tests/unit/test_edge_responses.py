@@ -154,7 +154,8 @@ async def test_a_response_stored_by_the_previous_version_is_served_but_continues
     ({**CALL, "arguments": {}}, "input[1].arguments"),
     ({"type": "function_call_output", "output": "x"}, "input[1].call_id"),
     ({"type": "function_call_output", "call_id": "c", "output": 42}, "input[1].output"),
-    ({"type": "reasoning"}, "input[1].type"), ("hi", "input[1]"), ({"role": "robot", "content": "x"}, "input[1].role"),
+    ({"type": "item_reference", "id": "msg_1"}, "input[1].type"), ("hi", "input[1]"),
+    ({"role": "robot", "content": "x"}, "input[1].role"),
     ({"role": "assistant", "content": [{"type": "input_text", "text": "a"}, {"type": "input_image", "image_url": "x"}]},
      "input[1].content[1]"),
     ({"role": "user", "content": 3}, "input[1].content")])

@@ -77,6 +77,7 @@ NUMBER: DIGIT+ ("." DIGIT+)?
     ('start: "a" (', "does not parse"),
     ('start: "a"i', "flags (i) are not supported"),
     ('start: A\nA: "a"\n%ignore " "', "%ignore is not supported"),
+    ("start: X\n%declare X", "%declare is not supported: terminal X"),
     ('start: x\nx: x "a"', "rule x never ends"),
     ('item: "a"', "no `start` rule"),
     ("start: /^a/", "an anchor"),

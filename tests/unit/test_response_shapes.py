@@ -193,21 +193,73 @@ RESPONSE_REQUESTS = {
 }
 
 
+# A coding agent's request (Codex CLI's fields): a custom tool with a grammar, a namespace of a function and a
+# custom tool, a hosted tool, encrypted reasoning, and the fields a Response echoes.
+AGENT_TOOLS = [
+    {"type": "function", "name": "exec_command", "strict": False, "parameters": {"type": "object"}},
+    {"type": "custom", "name": "apply_patch", "description": "Edit files.",
+     "format": {"type": "grammar", "syntax": "lark", "definition": 'start: "*** Begin Patch" /(.|\\n)*/'}},
+    {"type": "namespace", "name": "multi_agent_v1", "description": "Sub-agents.", "tools": [
+        {"type": "function", "name": "close_agent", "parameters": {"type": "object"}},
+        {"type": "custom", "name": "note", "format": {"type": "text"}}]},
+    {"type": "web_search", "external_web_access": False},
+]
+RESPONSE_REQUESTS["agent"] = {
+    "model": "m", "input": "patch it", "tools": AGENT_TOOLS, "tool_choice": "auto", "parallel_tool_calls": True,
+    "include": ["reasoning.encrypted_content"], "reasoning": {"summary": "auto"}, "store": False,
+    "prompt_cache_key": "k-1", "safety_identifier": "s-1", "service_tier": "auto", "truncation": "auto",
+    "text": {"verbosity": "low"}, "max_tool_calls": 8, "client_metadata": {"turn_id": "t-1"}}
+# Calls of a custom tool (its raw input in pieces), a namespace's function and a namespace's custom tool.
+AGENT_CALLS = [
+    llm_pb2.Delta(tool_calls=[llm_pb2.ToolCallDelta(index=0, id="call_p", name="apply_patch",
+                                                    arguments="*** Begin Patch\n")]),
+    llm_pb2.Delta(tool_calls=[llm_pb2.ToolCallDelta(index=0, arguments="*** End Patch"),
+                              llm_pb2.ToolCallDelta(index=1, id="call_c", name="multi_agent_v1.close_agent",
+                                                    arguments='{"target": "a1"}')]),
+    llm_pb2.Delta(tool_calls=[llm_pb2.ToolCallDelta(index=2, id="call_n", name="multi_agent_v1.note",
+                                                    arguments="remember")]),
+    llm_pb2.Delta(finish_reason="tool_calls"),
+]
+WITH_AGENT_CALLS = [Generation("agent calls", 1, AGENT_CALLS),
+                    Generation("thinking then agent calls", 1, [*THINKING, *AGENT_CALLS]),
+                    Generation("custom call cut", 1, [*AGENT_CALLS[:1], llm_pb2.Delta(finish_reason="length")])]
+
+
+def response_generations(request_name: str) -> list[Generation]:
+    common = [*GENERATIONS[:2], GENERATIONS[3], *WITH_CALLS, *WITH_REASONING]
+    return [*common, *WITH_AGENT_CALLS] if request_name == "agent" else common
+
+
+def failed_stream(recorder: response_output.ResponseRecorder, head: dict[str, Any], error: OpenAIError
+                  ) -> Iterator[bytes]:
+    """A stream that fails after its first call's first piece (the llm service gone, or overloaded)."""
+    events = recorder.events(head)
+    yield from events.start(llm_pb2.Accepted(prompt_tokens=USAGE.prompt_tokens, choices=1))
+    yield from events.delta(AGENT_CALLS[0])
+    yield recorder.failed(error, "/v1/responses")
+
+
 def responses_cases() -> Iterator[Case]:
     store = MemoryStore().space("responses", Limits(10, 60))
     for request_name, request in RESPONSE_REQUESTS.items():
-        for generation in [*GENERATIONS[:2], GENERATIONS[3], *WITH_CALLS, *WITH_REASONING]:
+        for generation in response_generations(request_name):
             name = f"response {request_name} {generation.name}"
             body = responses.ResponseRequest.model_validate(request)
             recorder = response_output.ResponseRecorder(body, [], store)
             head = {**HEAD, "object": recorder.object}
-            usage = REASONED if generation in WITH_REASONING else USAGE
+            usage = REASONED if generation in WITH_REASONING or request_name == "agent" else USAGE
             yield Case(f"{name}: response", response_schemas.Response,
                        recorder.response(head, collected(generation), usage), "Response")
             for i, (event, payload) in enumerate(sse_payloads(framed(recorder.events(head), generation, usage))):
                 assert event == payload["type"]
                 yield Case(f"{name}: event {i} {event}", response_schemas.ResponseStreamEvent, payload,
                            "ResponseStreamEvent")
+    body = responses.ResponseRequest.model_validate(RESPONSE_REQUESTS["agent"])
+    for error in (OpenAIError(503, "The llm service is unavailable."), OpenAIError(429, "Overloaded.")):
+        recorder = response_output.ResponseRecorder(body, [], store)
+        for i, (event, payload) in enumerate(sse_payloads(failed_stream(recorder, HEAD, error))):
+            yield Case(f"response failed {error.status}: event {i} {event}", response_schemas.ResponseStreamEvent,
+                       payload, "ResponseStreamEvent")
 
 
 THINKING = [llm_pb2.Delta(reasoning="Hmm, "), llm_pb2.Delta(reasoning="Paris.", text="It is"),
