@@ -26,7 +26,7 @@ from tritongate.config import load_model_config
 from tritongate.llm.v1 import llm_pb2, llm_pb2_grpc
 from tritongate.wire import REQUEST_ID_KEY
 
-TRTLLM_DEMO = DEMO_LLMS["tensorrt_llm"]
+TRTLLM_DEMO, VLLM_DEMO = DEMO_LLMS["tensorrt_llm"], DEMO_LLMS["vllm"]
 PATCH = '*** Begin Patch\n*** Add File: hello.txt\n+Hello "world" {}\n*** End Patch\n'
 APPLY_PATCH = llm_pb2.Tool(name="apply_patch", description="Edit files with a patch.", custom=True)
 WEATHER = llm_pb2.Tool(name="get_weather", parameters='{"type": "object", "properties": {"city": {"type": "string"}}}')
@@ -43,7 +43,7 @@ async def service(model_config_file: Path, tmp_path_factory: pytest.TempPathFact
     that generates at most 5 tokens per completion."""
     folder = tmp_path_factory.mktemp("llm-agents")
     config = json.loads(model_config_file.read_text())  # noqa: ASYNC240 (test set-up)
-    wanted = ("ft-echo", "ft-echo-hermes", "trtllm-echo", "trtllm-text-echo", "vllm-echo", TRTLLM_DEMO)
+    wanted = ("ft-echo", "ft-echo-hermes", "trtllm-echo", "trtllm-text-echo", "vllm-echo", TRTLLM_DEMO, VLLM_DEMO)
     entries = {entry["name"]: entry for entry in config["llm"]}
     echo = entries["ft-echo"]
     config["llm"] = [entries[name] for name in wanted] + [
@@ -141,17 +141,23 @@ async def test_a_regular_expression_reaches_the_backend_as_one(stub: llm_pb2_grp
     assert (event["guide_type"], event["guide"]) == ("regex", "(yes|no)")
 
 
+@pytest.mark.parametrize("model", [TRTLLM_DEMO, VLLM_DEMO])
 async def test_a_forced_custom_tool_is_held_to_its_grammar_by_guided_decoding(
-        stub: llm_pb2_grpc.LlmServiceStub) -> None:
-    """The demo SmolLM2 behind TensorRT-LLM's interface, whose guided decoding is xgrammar's, as the backend's."""
+        stub: llm_pb2_grpc.LlmServiceStub, model: str) -> None:
+    """The demo SmolLM2 behind TensorRT-LLM's and vLLM's interfaces, whose guided decoding is xgrammar's, as
+    the backends'."""
     tool = llm_pb2.Tool(name="apply_patch", description="Edit files with a patch.", custom=True,
                         grammar=llm_pb2.Guide(grammar=PATCH_GRAMMAR))
-    request = chat(TRTLLM_DEMO, "Create hello.txt saying hello.", tool, function="apply_patch", max_tokens=40,
+    request = chat(model, "Create hello.txt saying hello.", tool, function="apply_patch", max_tokens=40,
                    temperature=0)
     messages = await generate(stub, request)
     (name, raw), = tool_calls(messages)
     assert name == "apply_patch" and PATCH_PATTERN.fullmatch(raw), raw
     assert finish_reason(messages) == "tool_calls" and len([d for d in deltas(messages) if d.tool_calls]) > 1
+    answer = llm_pb2.Tool(name="answer", custom=True, grammar=llm_pb2.Guide(regex=r"(yes|no)\."))
+    messages = await generate(stub, chat(model, "Is Paris in France?", answer, function="answer", max_tokens=8,
+                                         temperature=0))
+    assert tool_calls(messages)[0][1] in ("yes.", "no.") and finish_reason(messages) == "tool_calls"
 
 
 async def test_a_grammar_the_backend_cannot_compile_is_the_clients_mistake(stub: llm_pb2_grpc.LlmServiceStub) -> None:
