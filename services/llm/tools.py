@@ -35,10 +35,10 @@ HERMES_SYSTEM = (
 
 def _function(tool: llm_pb2.Tool) -> dict[str, Any]:
     """A tool as OpenAI's function object; a custom tool as a function of one string, `input`."""
-    parameters = dict(INPUT_SCHEMA) if tool.custom else json.loads(tool.parameters) if tool.parameters else dict(OBJECT)
-    return {"type": "function", "function": {"name": tool.name, **({"description": tool.description}
-                                                                   if tool.description else {}),
-                                             "parameters": parameters}}
+    declared = json.loads(tool.parameters) if tool.parameters else dict(OBJECT)
+    parameters = dict(INPUT_SCHEMA) if tool.custom else declared
+    described = {"description": tool.description} if tool.description else {}
+    return {"type": "function", "function": {"name": tool.name, **described, "parameters": parameters}}
 
 
 @dataclass(frozen=True)
