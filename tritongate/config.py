@@ -205,6 +205,15 @@ class LlmModel(TritonModelEntry):
         "Raise it for a fast model on a GPU server (e.g. 20-50) to cut the gateway's CPU per token; 0: a message as "
         "soon as the service is free"
     )
+    hosted_tools: Literal["ignore", "refuse"] = Field(
+        "ignore", description="A request that names hosted tools (a web search, a code interpreter, ...), which "
+        "cannot run here: \"ignore\" serves it without offering them to the model; \"refuse\" answers 400 naming "
+        "the first one"
+    )
+    tokens_per_block: Annotated[int, Field(gt=0)] = Field(
+        64, description="tensorrt_llm / tensorrt_llm_text: tokens per block of the engine's paged KV cache (its "
+        "build setting `--tokens_per_block`), which turns the blocks the backend reports reusing into cached tokens"
+    )
     # Beam search.
     max_beams: Annotated[int, Field(ge=0)] | None = Field(
         None, description="Most beams of beam search (`num_beams`), below what the backend takes; 0 or 1: no beam "

@@ -24,13 +24,26 @@ Knob = Literal[
     "min_p", "min_tokens", "ignore_eos",
     "top_logprobs",  # the most likely alternatives at each position
     "special_tokens",  # special tokens decoded into the text (skip_special_tokens: false)
-    "guided_decoding",  # output constrained to a JSON Schema (response_format, tool_choice)
+    "guided_decoding",  # output held to a JSON Schema, a grammar or a regex (response_format, tool_choice)
     "lora",  # LoRA adapters (services/llm/lora.py)
     "images",  # images in the chat messages (the Triton model declares an image input)
 ]
 
 # Finish reasons a backend may report; without one the service decides from the token count.
 FinishReason = Literal["stop", "length"]
+
+# What guided decoding holds the text to: JSON matching a JSON Schema, a grammar (xgrammar's EBNF), or a
+# regular expression.
+GuideKind = Literal["json_schema", "grammar", "regex"]
+
+
+@dataclass(frozen=True)
+class Guide:
+    """A constraint the backend's guided decoding enforces on the generated text: its kind, and the JSON
+    Schema (as JSON text), the grammar or the regular expression."""
+
+    kind: GuideKind
+    text: str
 
 
 @dataclass
@@ -60,7 +73,7 @@ class Sampling:
     include_stop_str: bool = False  # the stop string that ended the completion stays in its text
     stop: list[str] = field(default_factory=list)  # stop strings, for backends that take text
     bad: list[str] = field(default_factory=list)  # banned words as text, for backends that take text
-    guide: str = ""  # a JSON Schema (JSON text) the output must match, by guided decoding; "": free text
+    guide: Guide | None = None  # what the output must match, by guided decoding; None: free text
     adapter: Adapter | None = None  # the LoRA adapter the request names; None: the base model
     images: list[bytes] = field(default_factory=list)  # the chat's image files, in order (backends with "images")
     beam_width: int = 1  # beam search with this many beams; 1: sampling (or greedy)
@@ -74,7 +87,8 @@ class Step:
     (the new text; "" when a response brought none) and, where they report them, `tokens` (how many tokens
     this text is), `token_ids` with `logprobs` and `top_logprobs` (alternatives as (token id, log
     probability), most likely first), `finish_reason` and `prompt_tokens` (the prompt as the backend
-    tokenized it).
+    tokenized it). Any step may say how many of the prompt's tokens the backend took from its cache of
+    earlier prompts (`cached_tokens`, where it reports reuse).
 
     With beam search (`Sampling.beam_width` > 1) a step fills `beams` instead: every beam's token ids
     generated so far, the best first. Each step holds the whole beams, not what is new: until the search
@@ -89,6 +103,7 @@ class Step:
     finish_reason: FinishReason | None = None
     prompt_tokens: int | None = None
     beams: list[list[int]] | None = None
+    cached_tokens: int | None = None
 
 
 class LlmBackend(Protocol):

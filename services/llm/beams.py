@@ -23,14 +23,16 @@ class BeamSearch:
     def __init__(self, stream: AsyncGenerator[Step, None], choices: int) -> None:
         self.stream = stream
         self.waiting = choices  # choices that have not finished with the search
-        self.task: asyncio.Task[list[list[int]]] | None = None
+        self.task: asyncio.Task[Step] | None = None
 
-    async def _last_beams(self) -> list[list[int]]:
-        beams: list[list[int]] = []
+    async def _last_beams(self) -> Step:
+        """The search's last beams, and the prompt tokens the backend took from its cache, where it says."""
+        last = Step(beams=[])
         async with contextlib.aclosing(self.stream) as steps:
             async for step in steps:
-                beams = step.beams if step.beams is not None else beams
-        return beams
+                last = Step(beams=step.beams if step.beams is not None else last.beams,
+                            cached_tokens=step.cached_tokens if step.cached_tokens is not None else last.cached_tokens)
+        return last
 
     async def choice(self, rank: int) -> AsyncGenerator[Step, None]:
         """Beam `rank` (0: the best) as one token step, once the search has ended; nothing when the
@@ -38,9 +40,10 @@ class BeamSearch:
         try:
             if self.task is None:
                 self.task = asyncio.ensure_future(self._last_beams())
-            beams = await asyncio.shield(self.task)
+            last = await asyncio.shield(self.task)
+            beams = last.beams or []
             if rank < len(beams):
-                yield Step(token_ids=beams[rank])
+                yield Step(token_ids=beams[rank], cached_tokens=last.cached_tokens)
         finally:
             self.waiting -= 1
             if self.waiting == 0 and self.task is not None and not self.task.done():

@@ -6,6 +6,10 @@ globals transformers gives them (`raise_exception`, `strftime_now`, `namespace`,
 non-ASCII text) and the tokenizer's special tokens (`bos_token`, `eos_token`, ...). A template that
 raises (e.g. "roles must alternate") is the client's mistake and becomes INVALID_ARGUMENT with the
 template's message.
+
+System messages may stand anywhere in a conversation (agents add them after the first turns). They reach
+the template where they stand; a template that refuses them there (many allow one system message, at the
+start) gets them joined, in order, to the system message that opens the conversation, and renders again.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from jinja2 import meta, nodes
 from jinja2.ext import Extension, loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from services.common.errors import invalid_argument
+from services.common.errors import ServiceError, invalid_argument
 from tritongate.config import ConfigError
 
 
@@ -94,6 +98,19 @@ def _plain(value: Any) -> Any:
     return str(value)
 
 
+def join_late_system(messages: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]] | None:
+    """The messages with each system message after the first message joined, in order, to the first (a
+    system message of their own at the start when the first is not one); None when there is none to join."""
+    late = [m for m in messages[1:] if m.get("role") == "system"]
+    if not late:
+        return None
+    rest = [m for m in messages[1:] if m.get("role") != "system"]
+    head = messages[0] if messages[0].get("role") == "system" else None
+    parts = [str(m.get("content") or "") for m in ([head] if head else []) + late]
+    system = {**(head or {"role": "system"}), "content": "\n\n".join(part for part in parts if part)}
+    return [system, *([] if head else [messages[0]]), *rest]
+
+
 class ChatTemplate:
     """One compiled template with the tokenizer's special tokens."""
 
@@ -120,6 +137,15 @@ class ChatTemplate:
         context = {**self.special_tokens, "documents": None, **_plain(dict(variables or {})),
                    "tools": _plain(list(tools)) if tools else None, "messages": _plain(list(messages)),
                    "add_generation_prompt": add_generation_prompt}
+        try:
+            return self._render(context)
+        except ServiceError:
+            joined = join_late_system(messages)
+            if joined is None:
+                raise
+            return self._render({**context, "messages": _plain(joined)})
+
+    def _render(self, context: Mapping[str, Any]) -> str:
         try:
             return self.template.render(**context)
         except jinja2.TemplateError as exc:  # raise_exception, undefined names, sandbox violations

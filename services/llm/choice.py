@@ -20,8 +20,10 @@ from services.llm.reasoning import Thinking
 from services.llm.toolcalls import ToolCallParser
 from tritongate.llm.v1 import llm_pb2
 
-# A backend failure that names the guide: its grammar compiler rejected the schema (a client mistake).
-GRAMMAR_FAILURE = re.compile(r"guided[ _]decoding|\bgrammar\b|\bjson schema\b", re.IGNORECASE)
+# A backend failure that names the guide: its grammar compiler rejected the schema, grammar or regular
+# expression (a client mistake).
+GRAMMAR_FAILURE = re.compile(r"guided[ _]decoding|\bgrammar\b|\bjson schema\b|\bregex\b|regular expression",
+                             re.IGNORECASE)
 
 
 @dataclass
@@ -87,7 +89,7 @@ class Choice:
     def _refusal(self, exc: ServiceError) -> ServiceError | None:
         """The client's mistake a backend failure shows when the backend's grammar compiler rejected the guide
         before anything was generated (None: the failure is the backend's)."""
-        if self.sampling.guide and not self.completion.consumed and GRAMMAR_FAILURE.search(exc.message):
+        if self.sampling.guide is not None and not self.completion.consumed and GRAMMAR_FAILURE.search(exc.message):
             first_line = exc.message.strip().splitlines()[0]  # never a backend's traceback
             return invalid_argument(f"`{self.guide_param}` cannot be enforced on model `{self.model}`: the "
                                     f"backend's grammar compiler rejected it ({first_line})", self.guide_param)

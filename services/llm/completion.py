@@ -89,6 +89,7 @@ class Completion:
         self.text: _TextCount | None = None  # set by the first text step
         self.reason: FinishReason | None = None  # the backend's, when it says
         self.prompt_tokens: int | None = None  # the prompt's tokens as the backend counted them
+        self.cached_tokens: int | None = None  # of them, those the backend took from its cache, where it says
         self.armed = rules.min_tokens == 0
         # The text of each token the last step (or the finish) released, in order: what each token added to
         # the delta's text. None after a text step, which brings text without its tokens.
@@ -120,6 +121,8 @@ class Completion:
 
     def add(self, step: Step) -> llm_pb2.Delta | None:
         """The increment a backend step makes (None when it makes no text yet)."""
+        if step.cached_tokens is not None:
+            self.cached_tokens = step.cached_tokens
         if step.text is None:
             return self.feed(step.token_ids, step.logprobs)
         return self._feed_text(step)

@@ -66,8 +66,9 @@ def _adapter(name: BackendName, entry: LlmModel, triton: Triton, pool: TritonPoo
     model, constants = entry.triton_name, entry.triton_inputs
     makers: dict[BackendName, Callable[[], LlmBackend]] = {
         "fastertransformer": lambda: FasterTransformer(triton, pool, model, constants),
-        "tensorrt_llm": lambda: TensorRTLLM(triton, pool, model, constants),
-        "tensorrt_llm_text": lambda: TensorRTLLMText(triton, pool, model, constants, entry.accumulate_tokens),
+        "tensorrt_llm": lambda: TensorRTLLM(triton, pool, model, constants, entry.tokens_per_block),
+        "tensorrt_llm_text": lambda: TensorRTLLMText(triton, pool, model, constants, entry.accumulate_tokens,
+                                                     entry.tokens_per_block),
         "vllm": lambda: Vllm(triton, pool, model, constants, entry.lora_name),
     }
     return makers[name]()

@@ -19,7 +19,7 @@ from typing import Any, Literal
 import grpc
 
 from services.common.errors import ServiceError, invalid_argument
-from services.llm.backends import Knob, LlmBackend, Sampling
+from services.llm.backends import Guide, Knob, LlmBackend, Sampling
 from tritongate.config import LlmModel, ModelInfo
 from tritongate.llm.v1 import llm_pb2
 from tritongate.logs import NO_REQUEST
@@ -83,6 +83,7 @@ class GenerationPolicy:
     max_n: int
     max_choices: int  # completions per request: prompts times n
     max_completion_tokens: int | None  # None: the rest of the context
+    hosted_tools: Literal["ignore", "refuse"] = "ignore"  # what a request naming hosted tools gets
 
     @classmethod
     def of(cls, entry: LlmModel, info: ModelInfo, tokenizer: Any, backend: LlmBackend) -> GenerationPolicy:
@@ -97,6 +98,7 @@ class GenerationPolicy:
             max_n=entry.max_n,
             max_choices=entry.max_choices,
             max_completion_tokens=entry.max_completion_tokens,
+            hosted_tools=entry.hosted_tools,
         )
 
     def stop_tokens(self, ignore_eos: bool = False) -> list[list[int]]:
@@ -125,7 +127,13 @@ class GenerationPolicy:
 
 
 def check_request(request: llm_pb2.GenerateRequest, policy: GenerationPolicy, prompts: int) -> int:
-    """`n` (0 means 1), within the model's bounds (`max_n`, `max_choices`); returns it."""
+    """`n` (0 means 1), within the model's bounds (`max_n`, `max_choices`); returns it. Hosted tools are
+    refused where the model is configured to refuse them."""
+    if request.hosted_tools and policy.hosted_tools == "refuse":
+        tool = request.hosted_tools[0]
+        raise invalid_argument(f"`{tool.param}` is a hosted tool (`{tool.type}`), which cannot run here: model "
+                               f"`{policy.model}` is configured to refuse hosted tools (hosted_tools: \"refuse\"); "
+                               "leave them out of the request.", tool.param)
     n = request.n or 1
     if n > policy.max_n:
         raise invalid_argument(f"`n` must be between 1 and {policy.max_n} (max_n); got {n}.", "n")
@@ -197,6 +205,16 @@ def _extensions(request: llm_pb2.GenerateRequest, policy: GenerationPolicy) -> d
 OBJECT_SCHEMA = '{"type": "object"}'
 
 
+def guide_of(guide: llm_pb2.Guide) -> Guide | None:
+    """The constraint a `Guide` message asks for (None: none)."""
+    kind = guide.WhichOneof("kind")
+    if kind == "grammar":
+        return Guide("grammar", guide.grammar)
+    if kind == "regex":
+        return Guide("regex", guide.regex)
+    return None if kind is None else Guide("json_schema", guide.json_schema if kind == "json_schema" else OBJECT_SCHEMA)
+
+
 def guided(policy: GenerationPolicy, param: str, what: str) -> None:
     """Refuse `param` on a backend without guided decoding: the format could only be hoped for."""
     if not policy.backend.supports("guided_decoding"):
@@ -204,13 +222,12 @@ def guided(policy: GenerationPolicy, param: str, what: str) -> None:
                                f"`{policy.model}`: it has no guided decoding.", param)
 
 
-def response_format(request: llm_pb2.GenerateRequest, policy: GenerationPolicy) -> str:
-    """The JSON Schema `response_format` asks for ("" for free text)."""
-    kind = request.guide.WhichOneof("kind") if request.HasField("guide") else None
-    if kind is None:
-        return ""
-    guided(policy, "response_format", f"of type {kind!r}")
-    return request.guide.json_schema if kind == "json_schema" else OBJECT_SCHEMA
+def response_format(request: llm_pb2.GenerateRequest, policy: GenerationPolicy) -> Guide | None:
+    """What `response_format` asks the text to match (None for free text)."""
+    guide = guide_of(request.guide)
+    if guide is not None:
+        guided(policy, "response_format", f"of type {request.guide.WhichOneof('kind')!r}")
+    return guide
 
 
 def beam_width(request: llm_pb2.GenerateRequest, policy: GenerationPolicy) -> int:
@@ -278,14 +295,18 @@ def max_new_tokens(request: llm_pb2.GenerateRequest, policy: GenerationPolicy, p
                    param: PromptParam) -> int:
     """`max_tokens` (0 generates nothing), or the model's default (`model_infos` `max_completion_tokens`,
     raised to `min_tokens`), within the rest of the context and the model's limit (`llm[]`
-    `max_completion_tokens`); a prompt that leaves no room, or `min_tokens` beyond it, is refused."""
+    `max_completion_tokens`); a prompt that leaves no room, or `min_tokens` beyond it, is refused. A
+    `max_tokens` beyond the room or the limit is refused too, unless the request asks for it to be cut to
+    what they allow (`fit_max_tokens`)."""
     max_len, cap = policy.context_length, policy.max_completion_tokens
     if prompt_tokens >= max_len:
         raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT,
                            f"This model's maximum context length is {max_len} tokens. However, your "
                            f"{param} resulted in {prompt_tokens} tokens. Please reduce the length of the "
                            f"{param}.", param, "context_length_exceeded")
-    if request.HasField("max_tokens"):
+    if request.HasField("max_tokens") and request.fit_max_tokens:
+        wanted = min(request.max_tokens, max_len - prompt_tokens, cap or max_len)
+    elif request.HasField("max_tokens"):
         wanted = request.max_tokens
         if cap is not None and wanted > cap:
             raise invalid_argument(f"`max_tokens` is {wanted}; this model generates at most {cap} tokens per "

@@ -78,15 +78,16 @@ class RequestPlan:
             base.skip_special_tokens = False  # the harmony markup the parser reads is special tokens
         tools = ToolPlan.of(request.chat, prompts.tools, model.tool_family, policy) if request.HasField("chat") \
             else ToolPlan()
-        # A turn that forces a call is held to the call's grammar; the output format (`response_format`) is
-        # for the answer after the tool's result, as OpenAI treats the pair (the Agents SDK sends both).
-        base.guide = tools.guide or base.guide
+        # A turn that forces a call is held to the call's grammar (a custom tool's may have none); the output
+        # format (`response_format`) is for the answer after the tool's result, as OpenAI treats the pair (the
+        # Agents SDK sends both).
+        base.guide = tools.guide if tools.forced else base.guide
         base.adapter = model.adapter(request.model)
         rules = CompletionRules(policy.stop_tokens(base.ignore_eos), stops, model.decoding, base.min_tokens,
                                 base.include_stop_str, base.skip_special_tokens)
         limits = [max_new_tokens(request, policy, len(ids), prompts.param) for ids in prompts.ids]
         # Calls are parsed unless a format the request asked for (and no forced call) shapes the text.
-        calls = tools.parser if tools.guide or not request.HasField("guide") else None
+        calls = tools.parser if tools.forced or not request.HasField("guide") else None
         return cls(model.name, prompts, [_backend_text(model, prompts, p) for p in range(len(prompts.ids))], n,
                    base, rules, limits, choice_seeds(request, n), calls, thinks, tools.param or "response_format",
                    REQUEST_ID.get())
@@ -113,17 +114,20 @@ class RequestPlan:
         return choices
 
     def usage(self, choices: list[Choice]) -> common_pb2.Usage:
-        """Each prompt counted once (as the backend counted it, when it says), every completion's tokens, and
-        the thinking's."""
-        n, prompt_tokens = self.n, 0
+        """Each prompt counted once (as the backend counted it, when it says), with the tokens of it the
+        backend took from its cache (as its first choice that says reports them); every completion's tokens,
+        and the thinking's."""
+        n, prompt_tokens, cached_tokens = self.n, 0, 0
         for p, ids in enumerate(self.prompts.ids):
-            counted = [c.completion.prompt_tokens for c in choices[p * n: (p + 1) * n]
-                       if c.completion.prompt_tokens is not None]
-            prompt_tokens += counted[0] if counted else len(ids)
+            own = [c.completion for c in choices[p * n: (p + 1) * n]]
+            counted = next((c.prompt_tokens for c in own if c.prompt_tokens is not None), len(ids))
+            prompt_tokens += counted
+            cached_tokens += min(next((c.cached_tokens for c in own if c.cached_tokens is not None), 0), counted)
         generated = sum(choice.completion.consumed for choice in choices)
         thinking = sum(c.thinking.used(c.completion.consumed) for c in choices if c.thinking is not None)
         return common_pb2.Usage(prompt_tokens=prompt_tokens, completion_tokens=generated,
-                                total_tokens=prompt_tokens + generated, reasoning_tokens=thinking)
+                                total_tokens=prompt_tokens + generated, reasoning_tokens=thinking,
+                                cached_tokens=cached_tokens)
 
 
 def _backend_text(model: LanguageModel, prompts: PromptSet, index: int) -> str:

@@ -17,7 +17,10 @@ so a model called without it never stops at EOS. `runtime_top_p` must be in (0, 
 
 Outputs: with `streaming` each response carries only the new tokens, prompt never included:
 `output_ids` [1, beams, n] (shorter beams padded with -1) with `sequence_length` [1, beams] = n, and
-`output_log_probs` for them. With beam search TensorRT-LLM returns every beam's generated tokens so far
+`output_log_probs` for them. Where the model declares `return_perf_metrics` and `kv_cache_reused_blocks`
+(TensorRT-LLM 0.16+), every request asks for its performance metrics, and the blocks of the prompt's KV
+cache reused from earlier requests, times the engine's tokens per block (`llm[].tokens_per_block`), are
+the prompt's cached tokens. With beam search TensorRT-LLM returns every beam's generated tokens so far
 in each response instead (LlmRequest sets returnAllGeneratedTokens when streaming with beams: beam search
 may rewrite earlier tokens), and `sequence_length` is each beam's length.
 
@@ -34,9 +37,9 @@ import numpy as np
 
 from services.common.triton import Triton
 from services.common.triton_pool import TritonPool
-from services.llm.backends import Knob, Sampling, Step
+from services.llm.backends import GuideKind, Knob, Sampling, Step
 from services.llm.lora import TaskCache, has_lora_inputs
-from services.llm.tensors import ModelInterface, beam_tokens, encode_words, max_beam_width, refuse
+from services.llm.tensors import ModelInterface, beam_tokens, encode_words, int_value, max_beam_width, refuse
 
 REQUIRED_INPUTS = ("input_ids", "input_lengths", "request_output_len", "streaming")
 REQUIRED_OUTPUTS = ("output_ids", "sequence_length")
@@ -60,13 +63,29 @@ _OTHER_KNOBS: dict[Knob, bool] = {"special_tokens": True, "ignore_eos": True, "m
 # Guided decoding (TensorRT-LLM 0.17+, with `guided_decoding_backend` xgrammar in the model's parameters): the
 # guide's type (json, json_schema, regex, ebnf_grammar) and the guide itself.
 GUIDE_INPUTS = ("guided_decoding_guide_type", "guided_decoding_guide")
+GUIDE_TYPES: dict[GuideKind, str] = {"json_schema": "json_schema", "grammar": "ebnf_grammar", "regex": "regex"}
+# KV cache reuse (TensorRT-LLM 0.16+): with `return_perf_metrics` each response reports the blocks of the
+# prompt's KV cache taken from earlier requests.
+REUSE_INPUT, REUSE_OUTPUT = "return_perf_metrics", "kv_cache_reused_blocks"
 
 
 def guide_values(sampling: Sampling) -> dict[str, Any]:
     """The guided-decoding inputs of both TensorRT-LLM interfaces (None: not sent)."""
-    if not sampling.guide:
-        return {}
-    return {"guided_decoding_guide_type": "json_schema", "guided_decoding_guide": sampling.guide}
+    guide = sampling.guide
+    return {} if guide is None else {"guided_decoding_guide_type": GUIDE_TYPES[guide.kind],
+                                     "guided_decoding_guide": guide.text}
+
+
+def reports_reuse(interface: ModelInterface) -> bool:
+    """Whether the model reports the KV cache blocks it reused (both TensorRT-LLM interfaces)."""
+    return interface.has(REUSE_INPUT) and REUSE_OUTPUT in interface.outputs
+
+
+def cached_tokens(result: Mapping[str, np.ndarray], tokens_per_block: int) -> int | None:
+    """The prompt tokens a response says the backend took from its KV cache: reused blocks times the tokens
+    of a block (None: it does not say)."""
+    blocks = int_value(result.get(REUSE_OUTPUT))
+    return None if blocks is None else blocks * tokens_per_block
 
 
 class TensorRTLLM:
@@ -76,11 +95,12 @@ class TensorRTLLM:
     takes_text = False
 
     def __init__(self, triton: Triton, pool: TritonPool, model: str,
-                 constants: Mapping[str, float] | None = None) -> None:
+                 constants: Mapping[str, float] | None = None, tokens_per_block: int = 64) -> None:
         self.triton = triton
         self.pool = pool
         self.model = model
         self.constants = dict(constants or {})
+        self.tokens_per_block = tokens_per_block  # of the engine's KV cache, for the blocks it reports reusing
         self.interface = ModelInterface({})
         self.lora = TaskCache()
         self.beam_widths: list[int] = []
@@ -123,6 +143,7 @@ class TensorRTLLM:
             "end_id": None if sampling.ignore_eos else sampling.end_id,
             "beam_width": sampling.beam_width if sampling.beam_width > 1 else None,
             **guide_values(sampling),
+            REUSE_INPUT: True if reports_reuse(model) else None,
         }
         tensors = {"input_ids": model.tensor("input_ids", list(prompt)), **model.scalars(values)}
         for name, words in (("stop_words_list", sampling.stop_words), ("bad_words_list", sampling.bad_words)):
@@ -136,20 +157,25 @@ class TensorRTLLM:
         outputs = list(REQUIRED_OUTPUTS)
         if sampling.logprobs:
             outputs.append("output_log_probs")
+        if reports_reuse(self.interface):
+            outputs.append(REUSE_OUTPUT)
         done = 0  # tokens received so far
         tensors = self.tensors(prompt, sampling)
         async for result in self.lora.stream(sampling.adapter, self.interface, lambda lora: self.triton.stream(
                 self.pool, self.model, {**tensors, **lora}, outputs, timeout, sampling.request_id)):
             if "output_ids" not in result or "sequence_length" not in result:
                 continue  # an empty final response (a stop request, a cancellation)
+            cached = cached_tokens(result, self.tokens_per_block)
             if sampling.beam_width > 1:
-                yield Step(beams=beam_tokens(result["output_ids"], result["sequence_length"]))
+                yield Step(beams=beam_tokens(result["output_ids"], result["sequence_length"]), cached_tokens=cached)
                 continue
             length = int(result["sequence_length"].reshape(-1)[0])  # [1, beams]: beam 0
             if length <= 0:
+                if cached is not None:
+                    yield Step(cached_tokens=cached)
                 continue
             ids = result["output_ids"].reshape(-1, result["output_ids"].shape[-1])[0][:length]
-            step = Step([int(token) for token in ids])
+            step = Step([int(token) for token in ids], cached_tokens=cached)
             if "output_log_probs" in result:
                 step.logprobs = _new_logprobs(result["output_log_probs"], done, length)
             done += length

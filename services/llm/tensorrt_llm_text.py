@@ -13,7 +13,8 @@ sampling scalars by their ensemble names (`top_k`, `top_p`, `temperature`, `repe
 Outputs: `text_output`, a delta per streamed response (each response's tokens decoded on their own), or
 the whole text so far when the BLS model accumulates tokens (its `accumulate_tokens` parameter, or
 `accumulate_tokens` in tritongate's model config); `num_input_tokens` / `num_output_tokens` (tokens in
-this response) where the model has them, else the service counts tokens with the model's tokenizer.
+this response) where the model has them, else the service counts tokens with the model's tokenizer;
+`kv_cache_reused_blocks` with `return_perf_metrics`, where declared, as the `tensorrt_llm` model's.
 The stop words' tokens stay in the output (TensorRT-LLM's stop criterion only ends the sequence): the
 service cuts the stop strings from the text.
 """
@@ -29,7 +30,17 @@ from services.common.triton import Triton
 from services.common.triton_pool import TritonPool
 from services.llm.backends import Knob, Sampling, Step
 from services.llm.lora import TaskCache, has_lora_inputs
-from services.llm.tensorrt_llm import GUIDE_INPUTS, MIN_TOKENS, SEED, guide_values, sampling_values
+from services.llm.tensorrt_llm import (
+    GUIDE_INPUTS,
+    MIN_TOKENS,
+    REUSE_INPUT,
+    REUSE_OUTPUT,
+    SEED,
+    cached_tokens,
+    guide_values,
+    reports_reuse,
+    sampling_values,
+)
 from services.llm.tensors import CumulativeText, ModelInterface, int_value, refuse, text_value
 
 REQUIRED_INPUTS = ("text_input", "max_tokens")
@@ -59,11 +70,12 @@ class TensorRTLLMText:
     beam_widths = ()  # not offered: tritongate reads one `text_output` per response, not one per beam
 
     def __init__(self, triton: Triton, pool: TritonPool, model: str, constants: Mapping[str, float] | None = None,
-                 accumulate_tokens: bool | None = None) -> None:
+                 accumulate_tokens: bool | None = None, tokens_per_block: int = 64) -> None:
         self.triton = triton
         self.pool = pool
         self.model = model
         self.constants = dict(constants or {})
+        self.tokens_per_block = tokens_per_block  # of the engine's KV cache, for the blocks it reports reusing
         self.configured_accumulate = accumulate_tokens  # the model config file's say; None: the Triton model's
         self.accumulate = bool(accumulate_tokens)
         self.interface = ModelInterface({})
@@ -106,6 +118,7 @@ class TensorRTLLMText:
             "return_num_input_tokens": True,
             "return_num_output_tokens": True,
             **guide_values(sampling),
+            REUSE_INPUT: True if reports_reuse(model) else None,
         }
         tensors = model.scalars(values)
         # With min_tokens the service, not TensorRT-LLM, ends completions on stop strings: TensorRT-LLM's stop
@@ -119,7 +132,7 @@ class TensorRTLLMText:
 
     def outputs(self) -> list[str]:
         counts = [name for name in ("num_input_tokens", "num_output_tokens") if name in self.interface.outputs]
-        return ["text_output", *counts]
+        return ["text_output", *counts, *([REUSE_OUTPUT] if reports_reuse(self.interface) else [])]
 
     async def stream(self, prompt: Sequence[int], sampling: Sampling, timeout: float | None, text: str = ""
                      ) -> AsyncGenerator[Step, None]:
@@ -133,6 +146,7 @@ class TensorRTLLMText:
             if cumulative is not None:
                 piece = cumulative.delta(piece)
             yield Step(text=piece, tokens=int_value(result.get("num_output_tokens")),
-                       prompt_tokens=int_value(result.get("num_input_tokens")))
+                       prompt_tokens=int_value(result.get("num_input_tokens")),
+                       cached_tokens=cached_tokens(result, self.tokens_per_block))
         if cumulative is not None and (rest := cumulative.rest()):
             yield Step(text=rest, tokens=0)

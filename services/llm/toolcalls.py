@@ -363,13 +363,13 @@ class JsonListParser(_ListParser):
 class NamedParser(ToolCallParser):
     """A call of one named function forced by guided decoding: the whole answer is its arguments."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, leading: str = WHITESPACE) -> None:  # `leading`: dropped before the arguments
         super().__init__(parallel=False)
-        self.name = name
+        self.name, self.leading = name, leading
 
     def feed(self, text: str) -> tuple[str, list[llm_pb2.ToolCallDelta]]:
         if not self.calls:
-            text = text.lstrip(WHITESPACE)
+            text = text.lstrip(self.leading)
             if not text:
                 return "", []
             self.ids.append(call_id())

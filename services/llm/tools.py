@@ -1,9 +1,10 @@
 """What a chat's tools change in a generation: the messages and tools the chat template sees (an agent's
 earlier calls and the tools' results replayed as transformers' `apply_chat_template(tools=...)` gives
-them), the guide that forces a call (`tool_choice` `required` or a named function, enforced by guided
+them), the guide that forces a call (`tool_choice` `required` or a named tool, enforced by guided
 decoding), and the parser that finds calls in the model's text (`tool_choice` `auto`). The tools' JSON
 Schemas are parsed once per request (`ChatTools`); the template, the forced call and the named function all
-read that.
+read that. Custom tools are shown to the model as functions of one string parameter, `input`, and their
+calls come back with the input itself as their arguments (services/llm/custom_tools.py).
 
 A template that does not render `tools` gets the Hermes format, which small instruction models follow best:
 the tools described in the system message, calls as `<tool_call>` JSON, results as `<tool_response>`.
@@ -12,11 +13,13 @@ the tools described in the system message, calls as `<tool_call>` JSON, results 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
-from services.llm.params import GenerationPolicy, guided
+from services.llm.backends import Guide
+from services.llm.custom_tools import INPUT_SCHEMA, CustomCalls, RawParser
+from services.llm.params import GenerationPolicy, guide_of, guided
 from services.llm.toolcalls import JsonListParser, NamedParser, ParserName, ToolCallParser, make_parser
 from tritongate.llm.v1 import llm_pb2
 
@@ -30,26 +33,40 @@ HERMES_SYSTEM = (
 )
 
 
+def _function(tool: llm_pb2.Tool) -> dict[str, Any]:
+    """A tool as OpenAI's function object; a custom tool as a function of one string, `input`."""
+    declared = json.loads(tool.parameters) if tool.parameters else dict(OBJECT)
+    parameters = dict(INPUT_SCHEMA) if tool.custom else declared
+    described = {"description": tool.description} if tool.description else {}
+    return {"type": "function", "function": {"name": tool.name, **described, "parameters": parameters}}
+
+
 @dataclass(frozen=True)
 class ChatTools:
     """A chat's tools as OpenAI's objects (`{"type": "function", "function": {"name", "description",
     "parameters"}}`), each one's parameters parsed once per request: the chat template sees these objects
-    (or their Hermes description), and the forced call's schema is built from them. Empty when the chat has
-    no tools or `tool_choice` is `none`: the model is then told of none."""
+    (or their Hermes description), and the forced call's schema is built from them. `custom` holds the
+    custom tools, by name, with their grammars (None: any text). Empty when the chat has no tools or
+    `tool_choice` is `none`: the model is then told of none."""
 
     objects: tuple[dict[str, Any], ...] = ()
+    custom: Mapping[str, Guide | None] = field(default_factory=dict)
 
     @classmethod
     def of(cls, chat: llm_pb2.Chat) -> ChatTools:
         if not chat.tools or chat.tool_choice.mode == "none":
             return cls()
-        return cls(tuple({"type": "function", "function": {
-            "name": tool.name, **({"description": tool.description} if tool.description else {}),
-            "parameters": json.loads(tool.parameters) if tool.parameters else dict(OBJECT)}} for tool in chat.tools))
+        return cls(tuple(_function(tool) for tool in chat.tools),
+                   {tool.name: guide_of(tool.grammar) for tool in chat.tools if tool.custom})
 
     def parameters(self, name: str) -> dict[str, Any]:
         """The parameters' schema of the tool `name` (one the edge checked the chat has)."""
         return next(tool["function"]["parameters"] for tool in self.objects if tool["function"]["name"] == name)
+
+    def unwrapping(self, parser: Callable[[], ToolCallParser]) -> Callable[[], ToolCallParser]:
+        """`parser`, with the calls of the custom tools unwrapped (their input as their arguments)."""
+        custom = frozenset(self.custom)
+        return (lambda: CustomCalls(parser(), custom)) if custom else parser
 
 
 NO_TOOLS = ChatTools()
@@ -57,33 +74,48 @@ NO_TOOLS = ChatTools()
 
 @dataclass(frozen=True)
 class ToolPlan:
-    """How one request uses its tools: a parser per choice (None: plain text), the JSON Schema that forces
-    a call ("" for none) and the parameter that asked for it."""
+    """How one request uses its tools: a parser per choice (None: plain text), whether the turn is a forced
+    call (`forced`: the request's `response_format` is for the answer after it), what guided decoding holds
+    the call to (None: nothing) and the parameter that asked for it."""
 
     parser: Callable[[], ToolCallParser] | None = None
-    guide: str = ""
+    guide: Guide | None = None
     param: str = ""
+    forced: bool = False
 
     @classmethod
     def of(cls, chat: llm_pb2.Chat, tools: ChatTools, family: ParserName, policy: GenerationPolicy) -> ToolPlan:
-        """The plan for `chat`, whose tools are `tools`; a forced call on a backend without guided decoding is
-        refused."""
+        """The plan for `chat`, whose tools are `tools`; a call forced by guided decoding on a backend without
+        it is refused."""
         choice = chat.tool_choice
         parallel = not chat.HasField("parallel_tool_calls") or chat.parallel_tool_calls
         if not tools.objects:
             return cls()
         if choice.function:
-            guided(policy, "tool_choice", "naming a function")
-            name = choice.function
-            return cls(lambda: NamedParser(name), json.dumps(tools.parameters(name)), "tool_choice")
+            return cls.named(choice.function, tools, policy)
         if choice.mode == "required":
             guided(policy, "tool_choice", "'required'")
-            return cls(lambda: JsonListParser(parallel), forced_calls_schema(tools, parallel), "tool_choice")
-        return cls(lambda: make_parser(family, parallel))
+            return cls(tools.unwrapping(lambda: JsonListParser(parallel)),
+                       Guide("json_schema", forced_calls_schema(tools, parallel)), "tool_choice", forced=True)
+        return cls(tools.unwrapping(lambda: make_parser(family, parallel)))
+
+    @classmethod
+    def named(cls, name: str, tools: ChatTools, policy: GenerationPolicy) -> ToolPlan:
+        """A call of the tool `name`: a function's arguments held to its parameters' schema; a custom tool's
+        input held to its grammar, if it has one (without one, any text: no guided decoding is needed)."""
+        if name not in tools.custom:
+            guided(policy, "tool_choice", "naming a function")
+            return cls(lambda: NamedParser(name), Guide("json_schema", json.dumps(tools.parameters(name))),
+                       "tool_choice", forced=True)
+        grammar = tools.custom[name]
+        if grammar is not None:
+            guided(policy, "tool_choice", "naming a custom tool with a grammar")
+        return cls(lambda: RawParser(name), grammar, "tools" if grammar else "tool_choice", forced=True)
 
 
 def forced_calls_schema(tools: ChatTools, parallel: bool) -> str:
-    """`tool_choice: required`: an array of at least one call of any tool, with that tool's arguments."""
+    """`tool_choice: required`: an array of at least one call of any tool, with that tool's arguments (a
+    custom tool's: `{"input": "..."}`, any text)."""
     calls = [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
               "properties": {"name": {"type": "string", "enum": [tool["function"]["name"]]},
                              "arguments": tool["function"]["parameters"]}}
@@ -94,12 +126,15 @@ def forced_calls_schema(tools: ChatTools, parallel: bool) -> str:
     return json.dumps(schema)
 
 
-def _arguments(text: str) -> Any:
-    """A call's arguments as the template expects them: the object (text that is not JSON stays text)."""
+def _arguments(call: llm_pb2.ToolCall) -> Any:
+    """A call's arguments as the template expects them: the object (text that is not JSON stays text); a
+    custom tool's call, `{"input": <its input>}`."""
+    if call.custom:
+        return {"input": call.arguments}
     try:
-        return json.loads(text)
+        return json.loads(call.arguments)
     except ValueError:
-        return text
+        return call.arguments
 
 
 def template_messages(chat: llm_pb2.Chat, native: bool, images: bool = False, tools: ChatTools = NO_TOOLS
@@ -117,7 +152,7 @@ def template_messages(chat: llm_pb2.Chat, native: bool, images: bool = False, to
         if m.reasoning:  # as vLLM gives it to templates that show earlier thinking (Qwen3's)
             message["reasoning_content"] = m.reasoning
         calls: list[dict[str, Any]] = [
-            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": _arguments(c.arguments)}}
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": _arguments(c)}}
             for c in m.tool_calls]
         if native:
             if calls:

@@ -4,7 +4,7 @@ Inputs: `text_input` (the prompt as text), `image` (the chat's images, base64 im
 declares it: vllm_backend's multimodal input), `stream` true, `exclude_input_in_output` true, `sampling_parameters`
 (vLLM `SamplingParams` as JSON: `max_tokens`, `temperature`, `top_p`, `top_k`, `min_p`, `seed`, `stop`,
 `include_stop_str_in_output`, penalties, `min_tokens`, `ignore_eos`, `logprobs`, `skip_special_tokens`,
-`lora_name`, `structured_outputs` for guided decoding) and `return_finish_reason`,
+`lora_name`, `structured_outputs` for guided decoding: `json`, `grammar` or `regex`) and `return_finish_reason`,
 `return_num_input_tokens`, `return_num_output_tokens`, `return_logprobs` where declared. Only keys that differ
 from vLLM's defaults are sent: the backend builds `SamplingParams(**json)`, and a key its vLLM does not know
 fails the request (`TritonSamplingParams.from_dict` logs the error and returns nothing, and the request ends
@@ -30,7 +30,7 @@ import numpy as np
 from services.common.errors import ServiceError
 from services.common.triton import Triton
 from services.common.triton_pool import TritonPool
-from services.llm.backends import FinishReason, Knob, Sampling, Step
+from services.llm.backends import FinishReason, GuideKind, Knob, Sampling, Step
 from services.llm.tensors import CumulativeText, ModelInterface, int_value, refuse, text_value
 
 REQUIRED_INPUTS = ("text_input", "sampling_parameters")
@@ -39,6 +39,8 @@ REQUIRED_INPUTS = ("text_input", "sampling_parameters")
 _FLAG_KNOBS: dict[Knob, tuple[str, str]] = {"logprobs": ("return_logprobs", "logprobs"),
                                             "top_logprobs": ("return_logprobs", "logprobs")}
 _UNSUPPORTED: set[Knob] = {"bad_words", "logit_bias"}
+# StructuredOutputsParams' field for each kind of guide.
+STRUCTURED_OUTPUTS: dict[GuideKind, str] = {"json_schema": "json", "grammar": "grammar", "regex": "regex"}
 _FLAGS = {"return_finish_reason": "finish_reason", "return_num_input_tokens": "num_input_tokens",
           "return_num_output_tokens": "num_output_tokens"}
 
@@ -68,8 +70,10 @@ def sampling_parameters(sampling: Sampling, lora_name: str | None = None) -> dic
     params.update({key: value for key, (value, default) in optional.items() if value != default})
     if sampling.logprobs:
         params["logprobs"] = sampling.top_logprobs  # alternatives; 0: the sampled token's only
-    if sampling.guide:  # vLLM 0.11+ StructuredOutputsParams, which the backend reads from a JSON string
-        params["structured_outputs"] = f'{{"json": {sampling.guide}}}'  # the guide is JSON text: not parsed again
+    guide = sampling.guide
+    if guide is not None:  # vLLM 0.11+ StructuredOutputsParams, which the backend reads from a JSON string
+        value = guide.text if guide.kind == "json_schema" else json.dumps(guide.text)  # a schema is JSON already
+        params["structured_outputs"] = f'{{"{STRUCTURED_OUTPUTS[guide.kind]}": {value}}}'
     return params
 
 

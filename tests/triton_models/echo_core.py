@@ -18,7 +18,7 @@ interface (`parse` turns a request into a `Job`, `respond` builds each response)
   model parameter of that name, else 1), `delay_ms`, `error_after_tokens`.
 - Events: when $TRITONGATE_TEST_EVENTS names a file, each request appends one JSON line
   {"event": "completed" | "cancelled" | "error", "model", "request_id" (Triton's), "tokens", "reason"},
-  plus what the interface reports about the request (its LoRA adapter: `Job.report`).
+  plus what the interface reports about the request (its LoRA adapter, its guide: `Job.report`).
 
 Packaging: Triton takes every folder of a model repository for a model (a stray `__pycache__` or even a
 hidden folder stops the server), while plain files are ignored. So the shared code lives in plain

@@ -26,6 +26,15 @@ model_instance_state.cc fillTritonResponse; the executor's LlmRequest::createRes
   streaming: the executor's list only grows) and `cum_log_probs` [1, 1] their sum.
 - `num_input_tokens` [1, 1] is the prompt length; `num_output_tokens` [1, 1] counts the ids of this
   response's `output_ids`, so the prompt too when it is there (fillTritonResponse counts outputIds).
+- KV cache reuse, simulated honestly: the model remembers the last `RECENT_PROMPTS` prompts it served
+  (per LoRA task, as TensorRT-LLM reuses blocks only within one), and a new prompt reuses the full blocks
+  of its longest prefix shared with one of them, up to its last token (which is always computed), blocks
+  of the model parameter `tokens_per_block` (the engine's `--tokens_per_block`, 64 here as
+  `llm[].tokens_per_block`'s default). With `return_perf_metrics` every response carries
+  `kv_cache_reused_blocks` [1, 1].
+- Guided decoding (`guided_decoding_guide_type`, `guided_decoding_guide`, where declared): checked as the
+  backend does (a known guide type; a guide unless the type is `json`; wording ours) and reported in the
+  request's events (`guide_type`, `guide`), but not enforced: the generation is the echo.
 - LoRA (`lora_task_id`, `lora_weights`, `lora_config`, where declared), as the executor's PEFT cache: a
   task id with weights and config caches them (at most the model parameter `lora_cache_size` tasks, the
   oldest evicted first); a task id alone must be cached, else the request fails with "LoRA task <id> not
@@ -77,6 +86,8 @@ from echo_core import (
 )
 
 TRUE = ("true", "yes", "1", "t")
+GUIDE_TYPES = ("json", "json_schema", "regex", "ebnf_grammar", "structural_tag")
+RECENT_PROMPTS = 16  # prompts the simulated KV cache remembers
 
 
 def assertion(message: str) -> RequestError:
@@ -119,6 +130,7 @@ class TrtllmJob(Job):
     log_probs: bool = False
     num_input: bool = False
     num_output: bool = False
+    reused_blocks: int | None = None  # KV cache blocks of the prompt reused from earlier prompts, when asked
     sent: int = 0  # output tokens already streamed
 
     @property
@@ -158,7 +170,15 @@ class TrtllmJob(Job):
             outputs.append(pb_utils.Tensor("num_input_tokens", np.array([[len(self.echo.prompt)]], dtype=np.int32)))
         if self.num_output:
             outputs.append(pb_utils.Tensor("num_output_tokens", np.array([[len(ids)]], dtype=np.int32)))
+        if self.reused_blocks is not None:
+            outputs.append(pb_utils.Tensor("kv_cache_reused_blocks", np.array([[self.reused_blocks]], dtype=np.int32)))
         return outputs
+
+
+def _shared(prompt: tuple[int, ...], earlier: tuple[int, ...]) -> int:
+    """The length of the prefix the two prompts share."""
+    return next((i for i, (a, b) in enumerate(zip(prompt, earlier, strict=False)) if a != b),
+                min(len(prompt), len(earlier)))
 
 
 class TrtllmEchoModel(EchoModel):
@@ -168,6 +188,8 @@ class TrtllmEchoModel(EchoModel):
         self.lora_cache: OrderedDict[int, dict[str, Any]] = OrderedDict()  # task id -> what its weights were
         self.lora_cache_size = int(self.param("lora_cache_size", "8"))
         self.max_beam_width = int(self.param("max_beam_width", "1"))
+        self.tokens_per_block = int(self.param("tokens_per_block", "64"))
+        self.recent: OrderedDict[tuple[int | None, tuple[int, ...]], None] = OrderedDict()  # (LoRA task, prompt)
 
     def declared(self, *names: str) -> str:
         """The first of `names` this model's config declares (names changed between TRT-LLM versions)."""
@@ -197,6 +219,32 @@ class TrtllmEchoModel(EchoModel):
                 raise RequestError(f"LoRA task {task_id} not found in cache. Please send LoRA weights with request")
             return {"lora_task_id": task_id, "lora_weights_sent": sent, **self.lora_cache[task_id]}
 
+    def reuse(self, prompt: list[int], task: int | None) -> int:
+        """The full KV cache blocks of `prompt` an earlier prompt of the same LoRA task left (see the module
+        docstring); `prompt` is remembered."""
+        key = tuple(prompt)
+        with self.lock:
+            shared = max((_shared(key, earlier) for (own, earlier) in self.recent if own == task), default=0)
+            self.recent.pop((task, key), None)
+            self.recent[(task, key)] = None
+            while len(self.recent) > RECENT_PROMPTS:
+                self.recent.popitem(last=False)
+        return min(shared, len(prompt) - 1) // self.tokens_per_block
+
+    def guide(self, request: Any) -> dict[str, Any]:
+        """The request's guided decoding, checked, for its events (see the module docstring)."""
+        kind = (strings(request, "guided_decoding_guide_type") or [None])[0]
+        guide = (strings(request, "guided_decoding_guide") or [None])[0]
+        if kind is None:
+            if guide is not None:
+                raise RequestError("guided_decoding_guide is set but guided_decoding_guide_type is not")
+            return {}
+        if kind not in GUIDE_TYPES:
+            raise RequestError(f"guided_decoding_guide_type {kind!r} is not one of {', '.join(GUIDE_TYPES)}")
+        if guide is None and kind != "json":
+            raise RequestError(f"guided_decoding_guide_type {kind} needs guided_decoding_guide")
+        return {"guide_type": kind, "guide": guide}
+
     def common(self, request: Any, prompt: list[int], max_new: int, end_id: int, stop_words: list[list[int]],
                bad_words: list[list[int]], streaming: bool) -> TrtllmJob:
         """The job as the executor sees it, after the interface-specific inputs are read."""
@@ -212,11 +260,14 @@ class TrtllmEchoModel(EchoModel):
         echoes = [Echo(prompt=prompt, max_new=max_new, end_ids=frozenset([end_id]) if end_id >= 0 else frozenset(),
                        min_tokens=scalar(request, self.declared("min_tokens", "min_length"), 0, int),
                        stop_words=stop_words, bad_words=bad_words, start=k) for k in range(beams)]
+        report = {**self.lora(request), **self.guide(request)}
+        reused = self.reuse(prompt, report.get("lora_task_id"))
         return TrtllmJob(request.request_id(), echoes, streaming=streaming,
                          exclude_input=self.flag(request, "exclude_input_in_output", self.exclude_default),
                          log_probs=self.flag(request, "return_log_probs"),
                          num_input=self.flag(request, "return_num_input_tokens"),
-                         num_output=self.flag(request, "return_num_output_tokens"), report=self.lora(request),
+                         num_output=self.flag(request, "return_num_output_tokens"), report=report,
+                         reused_blocks=reused if self.flag(request, "return_perf_metrics") else None,
                          **self.knobs(request))
 
     def parse(self, request: Any) -> Job:

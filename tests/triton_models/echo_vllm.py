@@ -36,6 +36,10 @@ src/utils/request.py; vLLM's SamplingParams and V1 detokenizer for the text rule
   is not enabled."; another name: "LoRA <name> is not supported, we currently support [...]", an error
   response as vllm_backend's _verify_loras sends, here with the prefix below); the generation is the
   echo whatever the adapter, and the request's events report its `lora_name`.
+- `structured_outputs` (or before vLLM 0.11 `guided_decoding`): a JSON object of StructuredOutputsParams
+  fields (or its JSON text, as the backend reads it) with exactly one kind of constraint (`json`,
+  `json_object`, `regex`, `choice`, `grammar`, `structural_tag`; wording of the refusal ours), reported in
+  the request's events as `structured_outputs` (the object), but not enforced: the generation is the echo.
 - `image` (optional, base64 image files, as vllm_backend's multimodal input): each is decoded and
   reported in an event {"event": "images", "model", "request_id", "images": [{"type", "bytes",
   "sha256"}]} (type sniffed from the first bytes; "unknown" otherwise); the echo itself ignores them.
@@ -96,6 +100,24 @@ def sniff(data: bytes) -> str:
         return "image/webp"
     magic = {b"\x89PNG\r\n\x1a\n": "image/png", b"\xff\xd8\xff": "image/jpeg", b"GIF8": "image/gif"}
     return next((kind for prefix, kind in magic.items() if data.startswith(prefix)), "unknown")
+
+
+STRUCTURED_KINDS = ("json", "json_object", "regex", "choice", "grammar", "structural_tag")
+
+
+def structured_outputs(params: dict[str, Any]) -> dict[str, Any]:
+    """The request's structured outputs, checked, for its events (see the module docstring)."""
+    given = params.get("structured_outputs", params.get("guided_decoding"))
+    if given is None:
+        return {}
+    try:
+        value = json.loads(given) if isinstance(given, str) else given
+    except ValueError as exc:
+        raise RequestError(f"invalid structured_outputs: {exc}") from None
+    kinds = [kind for kind in STRUCTURED_KINDS if isinstance(value, dict) and value.get(kind) not in (None, False)]
+    if len(kinds) != 1:
+        raise RequestError(f"structured_outputs must set exactly one of {', '.join(STRUCTURED_KINDS)}; got {given!r}")
+    return {"structured_outputs": value}
 
 
 def sampling_params(raw: str) -> dict[str, Any]:
@@ -269,7 +291,8 @@ class VllmEchoModel(EchoModel):
                        prepend=prepend, returns=returns, stops=params["stop"],
                        include_stop=params["include_stop_str_in_output"],
                        skip_special=params["skip_special_tokens"], logprobs=params["logprobs"],
-                       report=self.check_lora(params.get("lora_name")), **self.knobs(request))
+                       report={**self.check_lora(params.get("lora_name")), **structured_outputs(params)},
+                       **self.knobs(request))
 
     def respond(self, job: VllmJob, done: bool) -> Any:
         count = range(len(job.sequences))

@@ -2,6 +2,7 @@
 and errors that name the JSON path."""
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -126,3 +127,15 @@ def test_paths_expand_variables_and_relative_paths(tmp_path: Path, monkeypatch: 
 def test_unknown_keys_are_reported_not_fatal(caplog: pytest.LogCaptureFixture) -> None:
     parse_model_config({"embedding": [{"name": "e", "url": "u", "path": "p", "vendor_knob": 1}]}, "f.json")
     assert "ignoring unknown key $.embedding[0].vendor_knob" in caplog.text
+
+
+def test_hosted_tools_and_tokens_per_block() -> None:
+    llm = parse_model_config({"llm": [{"name": "l", "url": "u", "path": "/m"}]}).llm[0]
+    assert llm.hosted_tools == "ignore" and llm.tokens_per_block == 64  # TensorRT-LLM's default block
+    entry = {"name": "l", "url": "u", "path": "/m", "hosted_tools": "refuse", "tokens_per_block": 32}
+    llm = parse_model_config({"llm": [entry]}).llm[0]
+    assert (llm.hosted_tools, llm.tokens_per_block) == ("refuse", 32)
+    for bad, says in (({"hosted_tools": "run"}, "$.llm[0].hosted_tools: Input should be 'ignore' or 'refuse'"),
+                      ({"tokens_per_block": 0}, "$.llm[0].tokens_per_block: Input should be greater than 0")):
+        with pytest.raises(ConfigError, match=re.escape(says)):
+            parse_model_config({"llm": [{"name": "l", "url": "u", "path": "/m", **bad}]})

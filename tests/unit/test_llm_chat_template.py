@@ -87,3 +87,43 @@ def test_chat_template_kwargs_are_template_variables_but_cannot_replace_the_mess
     assert template.render(messages) == "hi>"
     assert template.render(messages, variables={"enable_thinking": True}) == "<think>hi>"
     assert template.render(messages, variables={"messages": [], "add_generation_prompt": False}) == "hi>"
+
+
+# Modelled on the templates that take one system message, at the start (Qwen's, Llama's).
+FIRST_SYSTEM_ONLY = ChatTemplate(
+    "{% for m in messages %}{% if m.role == 'system' and not loop.first %}"
+    "{{ raise_exception('System message must be at the beginning.') }}{% endif %}"
+    "<|{{ m.role }}|>{{ m.content }}\n{% endfor %}", SPECIAL, "test")
+
+
+def test_late_system_messages_are_joined_to_the_first_when_the_template_refuses_them() -> None:
+    late = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello!"}, {"role": "system", "content": "Now in French."},
+            {"role": "user", "content": "Again"}, {"role": "system", "content": "No emoji."}]
+    assert FIRST_SYSTEM_ONLY.render(late) == ("<|system|>Be brief.\n\nNow in French.\n\nNo emoji.\n<|user|>Hi\n"
+                                              "<|assistant|>Hello!\n<|user|>Again\n")
+    without_first = [{"role": "user", "content": "Hi"}, {"role": "system", "content": "Be brief."}]
+    assert FIRST_SYSTEM_ONLY.render(without_first) == "<|system|>Be brief.\n<|user|>Hi\n"
+
+
+def test_a_refusal_with_no_late_system_message_or_after_joining_them_stands() -> None:
+    no_assistant = ChatTemplate("{% for m in messages %}{% if m.role == 'assistant' %}"
+                                "{{ raise_exception('Assistant messages are not supported') }}{% endif %}"
+                                "{% if m.role == 'system' and not loop.first %}"
+                                "{{ raise_exception('System message must be at the beginning.') }}{% endif %}"
+                                "{% endfor %}", SPECIAL, "test")
+    for messages in ([{"role": "assistant", "content": "x"}],
+                     [{"role": "assistant", "content": "x"}, {"role": "system", "content": "late"}]):
+        with pytest.raises(ServiceError) as info:
+            no_assistant.render(messages)
+        assert info.value.param == "messages" and "Assistant messages are not supported" in info.value.message
+
+
+def test_a_template_that_takes_system_messages_anywhere_gets_them_where_they_stand(tokenizer: Any) -> None:
+    template = load_chat_template(tokenizer, None, SMOLLM2)  # SmolLM2's renders every message as it stands
+    assert template is not None
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},
+                {"role": "system", "content": "Now in French."}, {"role": "user", "content": "Again"}]
+    rendered = template.render(messages)
+    assert rendered == tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert rendered.index("Hello!") < rendered.index("<|im_start|>system\nNow in French.<|im_end|>")

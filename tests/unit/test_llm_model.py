@@ -180,3 +180,52 @@ async def test_model_infos_bad_words_refuse_a_vllm_model(models_dir: Path) -> No
     async with serving(VLLM) as triton:
         llm = model(models_dir, triton, ModelInfo(name="m", bad_words=[[5]]))
         assert not await llm.refresh() and "bad_words" in (llm.refusal or "")
+
+
+def trt_answer(tokens: list[int], reused_blocks: int) -> list[Arrays]:
+    return [{"output_ids": np.array([[[t]]], dtype=np.int32), "sequence_length": np.array([[1]], dtype=np.int32),
+             "kv_cache_reused_blocks": np.array([[reused_blocks]], dtype=np.int32)} for t in tokens]
+
+
+async def test_cached_tokens_are_counted_once_per_prompt_and_never_above_it(models_dir: Path, tokenizer: Any) -> None:
+    config = triton_config({**TRT_INPUTS, "return_perf_metrics": "BOOL"},
+                           {**TRT_OUTPUTS, "kv_cache_reused_blocks": "INT32"})
+    long, short = "one two three four five six seven eight nine ten", "one"
+    async with serving(config, trt_answer(tokenizer.encode("ab", add_special_tokens=False), 2)) as triton:
+        llm = model(models_dir, triton, tokens_per_block=4)
+        responses = await generate(llm, prompts=prompts(long, short), n=2, max_tokens=2)
+        usage = responses[-1].usage
+        assert usage.prompt_tokens == len(tokenizer.encode(long, add_special_tokens=False)) + 1
+        assert usage.cached_tokens == 8 + 1  # 2 blocks of 4 for the long prompt, all of the one-token prompt
+    async with serving(triton_config(TRT_INPUTS, TRT_OUTPUTS), trt_answer([5], 0)) as triton:
+        responses = await generate(model(models_dir, triton), prompts=prompts(long), max_tokens=1)
+        assert responses[-1].usage.cached_tokens == 0  # a backend that does not report reuse
+
+
+GUIDED_TRT = triton_config({**TRT_INPUTS, "guided_decoding_guide_type": "STRING", "guided_decoding_guide": "STRING"},
+                           TRT_OUTPUTS)
+
+
+async def test_a_forced_custom_tool_sends_its_grammar_and_answers_with_the_raw_input(models_dir: Path,
+                                                                                     tokenizer: Any) -> None:
+    tool = llm_pb2.Tool(name="shell", custom=True, grammar=llm_pb2.Guide(grammar='root ::= "ls" " -l"?'))
+    forced = llm_pb2.Chat(messages=[llm_pb2.ChatMessage(role="user", content="List")], tools=[tool],
+                          tool_choice=llm_pb2.ToolChoice(function="shell"))
+    async with serving(GUIDED_TRT, trt_answer(tokenizer.encode(" ls -l", add_special_tokens=False), 0)) as triton:
+        responses = await generate(model(models_dir, triton), chat=forced, max_tokens=5)
+        inputs = triton.requests[0].inputs
+        assert inputs["guided_decoding_guide_type"].tolist() == [[b"ebnf_grammar"]]
+        assert inputs["guided_decoding_guide"].tolist() == [[b'root ::= "ls" " -l"?']]
+    pieces = [call for r in responses if r.WhichOneof("event") == "delta" for call in r.delta.tool_calls]
+    assert pieces[0].name == "shell" and "".join(p.arguments for p in pieces) == " ls -l"
+    assert finish(responses) == "tool_calls" and choice_texts(responses) == ""
+
+
+async def test_hosted_tools_are_refused_where_the_model_is_configured_to(models_dir: Path) -> None:
+    hosted = [llm_pb2.HostedTool(type="web_search_20250305", param="tools[3]")]
+    async with serving(VLLM, vllm_steps(("ok", 1, "stop"))) as triton:
+        served = await generate(model(models_dir, triton), prompts=prompts("x"), hosted_tools=hosted)
+        assert choice_texts(served) == "ok"  # "ignore", the default
+        with pytest.raises(ServiceError) as info:
+            await generate(model(models_dir, triton, hosted_tools="refuse"), prompts=prompts("x"), hosted_tools=hosted)
+        assert info.value.param == "tools[3]" and "configured to refuse" in info.value.message

@@ -11,7 +11,7 @@ import grpc
 import pytest
 
 from services.common.errors import ServiceError
-from services.llm.backends import Knob, Sampling, Step
+from services.llm.backends import Guide, Knob, Sampling, Step
 from services.llm.params import (
     Defaults,
     GenerationPolicy,
@@ -316,3 +316,40 @@ def test_beam_width_reaches_the_sampling() -> None:
     assert resolve(BEAMS, beam_width=4, n=2)[0].beam_width == 4
     assert resolve(FT, beam_width=1)[0].beam_width == 1  # 1 (and 0) is no beam search, on any backend
     assert resolve(FT)[0].beam_width == 1
+
+
+def test_fit_max_tokens_cuts_max_tokens_to_what_is_allowed() -> None:
+    fit = llm_pb2.GenerateRequest(max_tokens=32000, fit_max_tokens=True)
+    assert max_new_tokens(fit, POLICY, 30, "messages") == 70  # the rest of the context
+    assert max_new_tokens(fit, policy(max_completion_tokens=50), 30, "messages") == 50  # the model's limit
+    assert max_new_tokens(llm_pb2.GenerateRequest(max_tokens=20, fit_max_tokens=True), POLICY, 30, "messages") == 20
+    with pytest.raises(ServiceError) as info:  # a prompt that leaves no room is still refused
+        max_new_tokens(fit, POLICY, 100, "messages")
+    assert info.value.param == "messages" and info.value.error_code == "context_length_exceeded"
+    with pytest.raises(ServiceError, match="min_tokens"):
+        max_new_tokens(llm_pb2.GenerateRequest(max_tokens=500, min_tokens=80, fit_max_tokens=True), POLICY, 30,
+                       "prompt")
+
+
+def test_hosted_tools_are_served_or_refused_as_the_model_is_configured() -> None:
+    hosted = llm_pb2.GenerateRequest(hosted_tools=[llm_pb2.HostedTool(type="web_search", param="tools[8]"),
+                                                   llm_pb2.HostedTool(type="code_interpreter", param="tools[9]")])
+    assert check_request(hosted, POLICY, 1) == 1  # "ignore", the default
+    with pytest.raises(ServiceError) as info:
+        check_request(hosted, policy(hosted_tools="refuse"), 1)
+    assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT and info.value.param == "tools[8]"
+    assert "`web_search`" in info.value.message and "cannot run here" in info.value.message
+    assert "configured to refuse" in info.value.message
+    assert check_request(llm_pb2.GenerateRequest(), policy(hosted_tools="refuse"), 1) == 1
+
+
+@pytest.mark.parametrize(("guide", "expected"), [
+    (llm_pb2.Guide(json_object=True), Guide("json_schema", '{"type": "object"}')),
+    (llm_pb2.Guide(json_schema='{"type": "array"}'), Guide("json_schema", '{"type": "array"}')),
+    (llm_pb2.Guide(grammar='root ::= "a"'), Guide("grammar", 'root ::= "a"')),
+    (llm_pb2.Guide(regex="[0-9]+"), Guide("regex", "[0-9]+")),
+])
+def test_response_format_reaches_the_sampling_as_a_guide_of_its_kind(guide: llm_pb2.Guide, expected: Guide) -> None:
+    assert resolve(Backend("guided_decoding"), guide=guide)[0].guide == expected
+    assert resolve()[0].guide is None
+    assert "guided decoding" in refused("response_format", guide=guide)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from services.common.errors import ServiceError
-from services.llm.backends import Sampling
+from services.llm.backends import Guide, Sampling
 from services.llm.tensorrt_llm import TensorRTLLM
 from tests.support.fake_triton import FakeModel, FakeTriton, triton_config
 
@@ -156,3 +156,45 @@ async def test_beams_are_whole_in_every_response() -> None:
         steps = [step async for step in trt.stream([7, 8], sampling(beam_width=2), None)]
     assert [s.beams for s in steps] == [[[20], [21]], [[20, 22], [21]]]
     assert triton.requests[0].inputs["beam_width"].tolist() == [[2]]
+
+
+GUIDED = {**INPUTS, "guided_decoding_guide_type": "STRING", "guided_decoding_guide": "STRING"}
+
+
+@pytest.mark.parametrize(("guide", "guide_type"), [
+    (Guide("json_schema", '{"type": "object"}'), b"json_schema"),
+    (Guide("grammar", 'root ::= "yes" | "no"'), b"ebnf_grammar"),
+    (Guide("regex", "[0-9]+"), b"regex"),
+])
+def test_each_kind_of_guide_has_its_guide_type(guide: Guide, guide_type: bytes) -> None:
+    guided = adapter(GUIDED)
+    assert guided.supports("guided_decoding") and not adapter().supports("guided_decoding")
+    tensors = guided.tensors([1], sampling(guide=guide))
+    assert tensors["guided_decoding_guide_type"].tolist() == [[guide_type]]
+    assert tensors["guided_decoding_guide"].tolist() == [[guide.text.encode()]]
+    assert "guided_decoding_guide_type" not in guided.tensors([1], sampling())
+
+
+REUSE = ({**INPUTS, "return_perf_metrics": "BOOL"}, {**OUTPUTS, "kv_cache_reused_blocks": "INT32"})
+
+
+def reused(tokens: list[int], blocks: int) -> dict[str, np.ndarray]:
+    return {**response(tokens), "kv_cache_reused_blocks": np.array([[blocks]], dtype=np.int32)}
+
+
+async def test_reused_kv_cache_blocks_are_cached_prompt_tokens() -> None:
+    """Where the model declares `return_perf_metrics` and `kv_cache_reused_blocks`, each request asks for the
+    metrics, and the reused blocks times the engine's tokens per block are the prompt's cached tokens."""
+    inputs, outputs = REUSE
+    async with FakeTriton({"m": FakeModel(triton_config(inputs, outputs), [
+        reused([20], 3), reused([], 3),  # the last response ends at the end id, with no token
+    ])}) as triton:
+        trt = TensorRTLLM(*await triton.calling("m"), "m", tokens_per_block=16)
+        trt.configure(triton_config(inputs, outputs))
+        steps = [step async for step in trt.stream([7] * 60, sampling(), None)]
+    assert [(s.token_ids, s.cached_tokens) for s in steps] == [([20], 48), ([], 48)]
+    request = triton.requests[0]
+    assert request.inputs["return_perf_metrics"].tolist() == [[True]] and "kv_cache_reused_blocks" in request.outputs
+    # Without the output (the input alone, as the demo models declare it) nothing is asked for.
+    assert "return_perf_metrics" not in adapter(inputs).tensors([1], sampling())
+    assert "return_perf_metrics" not in adapter().tensors([1], sampling())

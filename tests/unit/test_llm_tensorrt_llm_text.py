@@ -113,3 +113,17 @@ async def test_accumulated_text_becomes_deltas_and_waits_for_whole_characters() 
         steps = [s async for s in model.stream([1], sampling(), None, text="x")]
     assert [s.text for s in steps] == ["Hi", " ", "😀", " ok", "", "\ufffd"]  # the end releases what was held
     assert all(s.tokens is None for s in steps[:-1])  # no counts: the service counts with the tokenizer
+
+
+async def test_reused_kv_cache_blocks_are_cached_prompt_tokens() -> None:
+    inputs, outputs = {**INPUTS, "return_perf_metrics": "BOOL"}, {**OUTPUTS, "kv_cache_reused_blocks": "INT32"}
+    answers = [{**answer, "kv_cache_reused_blocks": np.array([[2]], dtype=np.int32)}
+               for answer in counted(("Hel", 1), ("lo", 1))]
+    async with FakeTriton({"m": FakeModel(triton_config(inputs, outputs, **ENSEMBLE), answers)}) as triton:
+        model = TensorRTLLMText(*await triton.calling("m"), "m", tokens_per_block=32)
+        model.configure(triton_config(inputs, outputs, **ENSEMBLE))
+        steps = [s async for s in model.stream([1], sampling(), None, text="Say")]
+    assert [s.cached_tokens for s in steps] == [64, 64]
+    assert triton.requests[0].inputs["return_perf_metrics"].tolist() == [[True]]
+    assert triton.requests[0].outputs[-1] == "kv_cache_reused_blocks"
+    assert "return_perf_metrics" not in adapter().tensors("x", sampling())  # a model that does not report reuse

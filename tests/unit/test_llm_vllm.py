@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from services.common.errors import ServiceError
-from services.llm.backends import Sampling
+from services.llm.backends import Guide, Sampling
 from services.llm.vllm import Vllm, parse_logprobs, sampling_parameters
 from tests.support.fake_triton import Arrays, FakeModel, FakeTriton, triton_config
 
@@ -140,3 +140,14 @@ async def test_backends_before_r24_03_stream_the_prompt_and_all_text_so_far() ->
     async with serving(responses, *R24_02) as triton:
         model = adapter(*R24_02, calling=await triton.calling("m"))
         assert [s.text async for s in model.stream([], sampling(), None, text="Say: ")] == ["Hel", "lo ", "😀"]
+
+
+@pytest.mark.parametrize(("guide", "structured"), [
+    (Guide("json_schema", '{"type": "object"}'), {"json": {"type": "object"}}),
+    (Guide("grammar", 'root ::= "a" | "\\\\"'), {"grammar": 'root ::= "a" | "\\\\"'}),
+    (Guide("regex", '"[0-9]+"'), {"regex": '"[0-9]+"'}),
+])
+def test_each_kind_of_guide_is_its_structured_outputs_field(guide: Guide, structured: dict[str, Any]) -> None:
+    params = sampling_parameters(sampling(guide=guide))
+    assert json.loads(params["structured_outputs"]) == structured  # a JSON string, as the backend reads it
+    assert "structured_outputs" not in sampling_parameters(sampling())
