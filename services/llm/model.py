@@ -1,5 +1,5 @@
 """One LLM: prompts and chats → token ids (and text, for backends that tokenize themselves); a generation
-planned once (services/llm/plan.py), each of its completions run by a `Choice` (services/llm/choice.py) on
+planned once (services/llm/plan.py), each of its completions run by a `Choice` (the same module) on
 the Triton backend the adapter `services/llm/detect.py` picks, and their deltas merged."""
 
 from __future__ import annotations

@@ -1,25 +1,32 @@
 """One generation request, decided once: its prompts, `n`, the sampling every choice shares, the rules
 every completion is held to, its tools and reasoning, each prompt's token limit, the seeds; then one
-`Choice` per completion (services/llm/choice.py), and at the end the usage their counts add up to.
+`Choice` per completion, which runs it, and at the end the usage their counts add up to.
 
 Choice `p * n + j` is completion `j` of prompt `p`: it samples with the request's seed + j, and under beam
 search (`num_beams` > 1) it is the prompt's `j`-th best beam, all of a prompt's beams coming from one
 backend request (services/llm/beams.py).
+
+A `Choice` runs one completion: its steps through its `Completion`, then its thinking out of the text
+(services/llm/reasoning.py), then its tool calls out of what is left (services/llm/toolcalls.py). Everything
+about it is decided when its request is planned: its sampling, its completion's rules, its parsers, and
+where its steps come from (its own backend stream, or its beam of the prompt's shared `BeamSearch`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import re
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from services.common.errors import invalid_argument
+from services.common.errors import ServiceError, invalid_argument
 from services.llm import reasoning
-from services.llm.backends import LlmBackend, Sampling
+from services.llm.backends import LlmBackend, Sampling, Step
 from services.llm.beams import BeamSearch
-from services.llm.choice import Choice
 from services.llm.completion import Completion, CompletionRules
 from services.llm.params import PromptParam, choice_seeds, for_choice, max_new_tokens, sampling
+from services.llm.reasoning import Thinking
 from services.llm.toolcalls import ToolCallParser
 from services.llm.tools import NO_TOOLS, ChatTools, ToolPlan
 from tritongate.common.v1 import common_pb2
@@ -28,6 +35,82 @@ from tritongate.logs import REQUEST_ID
 
 if TYPE_CHECKING:
     from services.llm.model import LanguageModel
+
+
+# A backend failure that names the guide: its grammar compiler rejected the schema, grammar or regular
+# expression (a client mistake).
+GRAMMAR_FAILURE = re.compile(r"guided[ _]decoding|\bgrammar\b|\bjson schema\b|\bregex\b|regular expression",
+                             re.IGNORECASE)
+
+
+@dataclass
+class Choice:
+    """One choice: its completion, its sampling (its own seed, token limit and Triton request id), where its
+    steps come from, its parsers (None: not parsed), and what a grammar compiler's refusal names."""
+
+    completion: Completion
+    sampling: Sampling
+    steps: AsyncGenerator[Step, None]  # its own backend stream, or its beam of a shared beam search
+    calls: ToolCallParser | None
+    thinking: Thinking | None
+    guide_param: str  # the request parameter the guide came from
+    model: str
+
+    async def deltas(self) -> AsyncGenerator[llm_pb2.Delta, None]:
+        """The choice's deltas: the echo if any, then what each step brings, then the last with the finish
+        reason. Closing it closes its steps (a backend stream's close cancels the Triton request); a choice
+        that may generate nothing (`max_tokens` 0 with `echo`) never starts them."""
+        completion = self.completion
+        first = completion.start()
+        if first is not None:
+            yield first
+        if self.sampling.max_new_tokens > 0:
+            async with contextlib.aclosing(self.steps) as steps:
+                try:
+                    async for step in steps:
+                        delta = completion.add(step)
+                        if delta is None:
+                            if self.thinking is not None:  # tokens that make no text yet count all the same
+                                self.thinking.split("", completion.released)
+                        elif self._parse(delta):
+                            yield delta
+                        if completion.stopped:
+                            break  # closing the stream cancels the Triton request
+                        # At its token limit the backend ends by itself: reading on (nothing more is taken)
+                        # spares Triton a cancellation racing the request's own end.
+                except ServiceError as exc:
+                    refusal = self._refusal(exc)
+                    if refusal is None:
+                        raise
+                    raise refusal from None
+        last = completion.finish()
+        self._parse(last, final=True)
+        if self.calls is not None and self.calls.calls and last.finish_reason == "stop":
+            last.finish_reason = "tool_calls"
+        yield last
+
+    def _parse(self, delta: llm_pb2.Delta, final: bool = False) -> bool:
+        """Move the thinking in `delta`'s text into its `reasoning`, then the tool calls in what is left into
+        its `tool_calls`; whether anything is left to send."""
+        if self.thinking is not None:
+            delta.reasoning, delta.text = self.thinking.split(delta.text, self.completion.released, final)
+        if self.calls is not None:
+            content, calls = self.calls.feed(delta.text)
+            if final:
+                rest, more_calls = self.calls.finish()
+                content, calls = content + rest, calls + more_calls
+            delta.text = content
+            delta.tool_calls.extend(calls)
+        return bool(delta.text or delta.reasoning or delta.tool_calls or delta.logprobs or delta.finish_reason)
+
+    def _refusal(self, exc: ServiceError) -> ServiceError | None:
+        """The client's mistake a backend failure shows when the backend's grammar compiler rejected the guide
+        before anything was generated (None: the failure is the backend's)."""
+        if self.sampling.guide is not None and not self.completion.consumed and GRAMMAR_FAILURE.search(exc.message):
+            first_line = exc.message.strip().splitlines()[0]  # never a backend's traceback
+            return invalid_argument(f"`{self.guide_param}` cannot be enforced on model `{self.model}`: the "
+                                    f"backend's grammar compiler rejected it ({first_line})", self.guide_param)
+        return None
 
 
 @dataclass(frozen=True)
