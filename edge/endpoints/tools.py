@@ -26,7 +26,7 @@ MAX_TOOLS = 128  # OpenAI's limit
 MAX_SCHEMA_BYTES = 64 * 1024  # of one schema, as compact JSON: grammar compilation grows with it
 NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # function and json_schema names, as OpenAI's
 TOOL_CHOICES = ("none", "auto", "required")
-ToolLayout = Literal["nested", "functions", "flat", "anthropic"]
+ToolLayout = Literal["nested", "functions", "flat"]  # chat's tools, its legacy functions, Responses'
 # What the rules below accept of chat's, as /openapi.json declares it.
 FUNCTION_SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "description": {"type": "string"},
                                                    "parameters": {"type": "object"}, "strict": {"type": "boolean"}},
@@ -131,36 +131,19 @@ def _function(entry: Any, i: int, param: str, layout: ToolLayout) -> tuple[Any, 
     if layout == "functions":
         return entry, f"{param}[{i}]"
     kind = entry.get("type") if isinstance(entry, dict) else None
-    if layout == "anthropic":
-        if not isinstance(entry, dict):
-            raise ParamError(f"'{param}[{i}]' must be an object with 'name' and 'input_schema'", f"{param}[{i}]")
-        if kind not in (None, "custom"):
-            raise ParamError(f"tools of type {kind!r} are not supported: only custom tools (name, description, "
-                             "input_schema)", f"{param}[{i}].type")
-        if not isinstance(entry.get("input_schema"), dict):
-            raise ParamError(f"'{param}[{i}].input_schema' is required: a JSON Schema object",
-                             f"{param}[{i}].input_schema")
-        return entry, f"{param}[{i}]"
-    if layout == "flat" and kind != "function":
-        raise ParamError(f"tools of type {kind!r} are not supported: only 'function' tools", f"{param}[{i}].type")
-    if layout == "flat":
-        return entry, f"{param}[{i}]"
     if kind != "function":
         raise ParamError(f"'{param}[{i}]' must be an object with type 'function' and a 'function'", param)
     return entry.get("function"), f"{param}[{i}].function"
 
 
 def tool_list(value: Any, param: str, layout: ToolLayout = "nested") -> list[llm_pb2.Tool]:
-    """Function tools, names unique: chat's `tools` ([{type: function, function}]), the legacy `functions`
-    ([function]), Responses' `tools` ([{type: function, name, ...}], "flat") or Anthropic's
-    ([{name, description, input_schema}])."""
+    """Chat's function tools, names unique: its `tools` ([{type: function, function}]) or the legacy
+    `functions` ([function])."""
     if not isinstance(value, list):
         raise ParamError(f"'{param}' must be an array", param)
     if len(value) > MAX_TOOLS:
         raise ParamError(f"'{param}' may hold at most {MAX_TOOLS} functions; got {len(value)}", param)
-    schema = "input_schema" if layout == "anthropic" else "parameters"
-    tools = [function_tool(*_function(entry, i, param, layout), param=param, schema=schema)
-             for i, entry in enumerate(value)]
+    tools = [function_tool(*_function(entry, i, param, layout), param=param) for i, entry in enumerate(value)]
     names = [tool.name for tool in tools]
     duplicate = next((name for name in names if names.count(name) > 1), None)
     if duplicate:
