@@ -17,12 +17,10 @@ import grpc
 import pytest
 
 from launcher.stack import DEMO_LLMS
-from services.common.server import RunningService, start_service
-from services.common.triton import Triton
-from services.llm.main import build
+from services.common.server import RunningService
 from tests.support.events import events_offset, read_events
+from tests.support.llm_service import llm_service, llm_stub
 from tests.support.ports import wait_until
-from tritongate.config import load_model_config
 from tritongate.llm.v1 import llm_pb2, llm_pb2_grpc
 from tritongate.wire import REQUEST_ID_KEY
 
@@ -50,18 +48,14 @@ async def service(model_config_file: Path, tmp_path_factory: pytest.TempPathFact
         dict(echo, name="ft-echo-no-hosted", triton_model="ft-echo", hosted_tools="refuse"),
         dict(echo, name="ft-echo-capped", triton_model="ft-echo", max_completion_tokens=5)]
     config["model_infos"] += [{"name": name, "max_len": 256} for name in ("ft-echo-no-hosted", "ft-echo-capped")]
-    (folder / "model_config.json").write_text(json.dumps(config))
-    triton = Triton()
-    running = await start_service(build(load_model_config(folder / "model_config.json"), triton), triton,
-                                  host="127.0.0.1", port=0)
-    yield running
-    await running.stop(1)
+    async with llm_service(config, folder) as running:
+        yield running
 
 
 @pytest.fixture
 async def stub(service: RunningService) -> AsyncIterator[llm_pb2_grpc.LlmServiceStub]:
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{service.port}") as channel:
-        yield llm_pb2_grpc.LlmServiceStub(channel)
+    async with llm_stub(service) as stub:
+        yield stub
 
 
 async def generate(stub: llm_pb2_grpc.LlmServiceStub, request: llm_pb2.GenerateRequest, request_id: str = ""

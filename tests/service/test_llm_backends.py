@@ -14,13 +14,11 @@ from typing import Any
 import grpc
 import pytest
 
-from services.common.server import RunningService, start_service
-from services.common.triton import Triton
-from services.llm.main import build
+from services.common.server import RunningService
 from tests.support.events import events_offset, read_events
+from tests.support.llm_service import llm_service, llm_stub
 from tests.support.ports import wait_until
 from tritongate.common.v1 import common_pb2
-from tritongate.config import load_model_config
 from tritongate.llm.v1 import llm_pb2, llm_pb2_grpc
 from tritongate.wire import REQUEST_ID_KEY
 
@@ -38,18 +36,14 @@ async def service(model_config_file: Path, tmp_path_factory: pytest.TempPathFact
     config["llm"] = [echo] + [dict(echo, name=name) for name in EVERY[1:]]
     config["llm"].append(dict(echo, name="vllm-echo-slow", triton_model="vllm-echo", triton_inputs={"delay_ms": 50}))
     config["model_infos"] = [{"name": entry["name"], "max_len": 256} for entry in config["llm"]]
-    (folder / "model_config.json").write_text(json.dumps(config))
-    triton = Triton()
-    running = await start_service(build(load_model_config(folder / "model_config.json"), triton), triton,
-                                  host="127.0.0.1", port=0)
-    yield running
-    await running.stop(1)
+    async with llm_service(config, folder) as running:
+        yield running
 
 
 @pytest.fixture
 async def stub(service: RunningService) -> AsyncIterator[llm_pb2_grpc.LlmServiceStub]:
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{service.port}") as channel:
-        yield llm_pb2_grpc.LlmServiceStub(channel)
+    async with llm_stub(service) as stub:
+        yield stub
 
 
 def completion(model: str, prompt: str, **fields: Any) -> llm_pb2.GenerateRequest:
@@ -197,14 +191,8 @@ async def test_a_model_no_adapter_can_drive_is_not_served_and_says_why(
     echo = next(entry for entry in config["llm"] if entry["name"] == "ft-echo")
     config["llm"] = [echo, dict(echo, name="not-an-llm", triton_model="all-minilm-l6-v2")]
     config["model_infos"] = [{"name": entry["name"], "max_len": 256} for entry in config["llm"]]
-    (tmp_path / "model_config.json").write_text(json.dumps(config))
-    triton = Triton()
     with caplog.at_level("ERROR", logger="services"):
-        running = await start_service(build(load_model_config(tmp_path / "model_config.json"), triton), triton,
-                                      host="127.0.0.1", port=0)
-    try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
-            stub = llm_pb2_grpc.LlmServiceStub(channel)
+        async with llm_service(config, tmp_path) as running, llm_stub(running) as stub:
             with pytest.raises(grpc.aio.AioRpcError) as info:
                 await generate(stub, completion("not-an-llm", "x"))
             assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
@@ -212,7 +200,5 @@ async def test_a_model_no_adapter_can_drive_is_not_served_and_says_why(
             assert "`not-an-llm` cannot be served" in details and "matches none of the LLM interfaces" in details
             assert "input_ids INT64" in details and "attention_mask" in details  # what was found
             assert text(await generate(stub, completion("ft-echo", "still here", max_tokens=2))) == "still here"
-    finally:
-        await running.stop(1)
     errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
     assert any("not-an-llm cannot be served" in e and "matches none of the LLM interfaces" in e for e in errors), errors

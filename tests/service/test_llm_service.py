@@ -13,12 +13,10 @@ import grpc
 import pytest
 
 from launcher.stack import DEMO_LLMS
-from services.common.server import RunningService, start_service
-from services.common.triton import Triton
-from services.llm.main import build
+from services.common.server import RunningService
+from tests.support.llm_service import llm_service, llm_stub
 from tests.support.ports import wait_until
 from tritongate.common.v1 import common_pb2
-from tritongate.config import load_model_config
 from tritongate.llm.v1 import llm_pb2, llm_pb2_grpc
 from tritongate.wire import REQUEST_ID_KEY
 
@@ -57,18 +55,14 @@ async def service(model_config_file: Path, tokenizer: Any, tmp_path_factory: pyt
                                   "bad_words": [ids(tokenizer, " bad"), [1]],  # FT's two-row layout
                                   "stop_words": [ids(tokenizer, " the end")]})  # a word of two tokens
     config["model_infos"].append({"name": "ft-echo-capped", "max_len": 256, "max_completion_tokens": 5})
-    (folder / "model_config.json").write_text(json.dumps(config))
-    triton = Triton()
-    running = await start_service(build(load_model_config(folder / "model_config.json"), triton), triton,
-                                  host="127.0.0.1", port=0)
-    yield running
-    await running.stop(1)
+    async with llm_service(config, folder) as running:
+        yield running
 
 
 @pytest.fixture
 async def stub(service: RunningService) -> AsyncIterator[llm_pb2_grpc.LlmServiceStub]:
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{service.port}") as channel:
-        yield llm_pb2_grpc.LlmServiceStub(channel)
+    async with llm_stub(service) as stub:
+        yield stub
 
 
 def completion(model: str, *prompts: str | list[int], **fields: Any) -> llm_pb2.GenerateRequest:
