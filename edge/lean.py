@@ -15,14 +15,23 @@ mapping the app's exception handlers use.
 Every body is validated with the edge's per-request limits as pydantic's validation context
 (`RequestLimits`, edge/app_state.py), so that a request model's validators check them and converting a
 validated request cannot fail.
+
+Every endpoint runs until the client disconnects, whichever way it came (vLLM calls this
+`with_cancellation`): while the edge waits for a service nobody reads the HTTP connection, so a client that
+goes away would go unnoticed until the answer is ready. `until_disconnected` races the endpoint against the
+disconnect: the loser is cancelled, and cancelling the gRPC call cancels the service's work and its Triton
+request. `cancelled_on_disconnect` is the watch itself, which a streamed answer keeps while it streams
+(edge/sse.py).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import inspect
 import typing
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator
 from typing import Any, TypeVar
 
 import orjson
@@ -33,7 +42,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from edge.api_router import ERROR_RESPONSES, StrictJSONRoute
 from edge.app_state import validation_context
-from edge.errors import error_response
+from edge.errors import OpenAIError, error_response
 
 Endpoint = Callable[[Any, Request], Coroutine[Any, Any, Response]]
 T = TypeVar("T")
@@ -54,7 +63,8 @@ class LeanRoute(StrictJSONRoute):
         self.lean_endpoint: Endpoint = endpoint
 
         async def with_limits(body: Any, request: Request) -> Response:
-            return await endpoint(validated(self.body.validate_python, await request.json(), request), request)
+            return await until_disconnected(request, endpoint(
+                validated(self.body.validate_python, await request.json(), request), request))
 
         functools.update_wrapper(with_limits, endpoint)  # FastAPI reads the signature, name and docstring
         with_limits.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
@@ -117,7 +127,7 @@ class LeanRoutes:
         scope["route"] = route  # as the router sets it: the metrics' and the access log's route label
         request._body = body  # read already
         try:
-            response = await route.lean_endpoint(value, request)
+            response = await until_disconnected(request, route.lean_endpoint(value, request))
         except Exception as exc:  # mapped as the app's exception handlers map it
             response = error_response(request, exc)
         await response(scope, receive, send)
@@ -144,3 +154,51 @@ def _replay(body: bytes, receive: Receive) -> Receive:
         return {"type": "http.request", "body": body, "more_body": False}
 
     return replay
+
+
+@contextlib.contextmanager
+def cancelled_on_disconnect(receive: Receive) -> Iterator[Callable[[], bool]]:
+    """Inside the block, the current task is cancelled when the client disconnects (once the request's
+    body has been read). Yields `disconnected()`, for an `except CancelledError`: True when the
+    cancellation came from the client's disconnect, which it then ends (the task is not cancelled any
+    more); False for any other cancellation. The work stays in the request's own task: one watcher
+    task, no wait set."""
+    task = asyncio.current_task()
+    assert task is not None
+    watching = True
+
+    def on_disconnect(watcher: asyncio.Future[None]) -> None:
+        if watching and not watcher.cancelled():
+            task.cancel()
+
+    watcher = asyncio.ensure_future(_disconnected(receive))
+    watcher.add_done_callback(on_disconnect)
+
+    def ours() -> bool:
+        if watcher.done() and not watcher.cancelled():
+            task.uncancel()
+            return True
+        return False
+
+    try:
+        yield ours
+    finally:
+        watching = False
+        watcher.cancel()
+
+
+async def until_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """`work`, cancelled if the client disconnects first (then a 499 nobody reads)."""
+    with cancelled_on_disconnect(request.receive) as disconnected:
+        try:
+            return await work
+        except asyncio.CancelledError:
+            if disconnected():  # it ends here, as a 499
+                raise OpenAIError(499, "The client closed the request.", code="cancelled") from None
+            raise
+
+
+async def _disconnected(receive: Receive) -> None:
+    # The body has been read: the next message is the disconnect.
+    while (await receive())["type"] != "http.disconnect":
+        pass

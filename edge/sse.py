@@ -23,8 +23,8 @@ import orjson
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from edge.cancel import cancelled_on_disconnect
 from edge.errors import OpenAIError, as_openai_error
+from edge.lean import cancelled_on_disconnect
 
 DONE = b"data: [DONE]\n\n"
 KEEPALIVE = b": keep-alive\n\n"

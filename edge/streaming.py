@@ -21,7 +21,6 @@ import orjson
 from fastapi import Request, Response
 
 from edge.app_state import edge_state
-from edge.cancel import until_disconnected
 from edge.clients import Generation
 from edge.endpoints.common import usage_object
 from edge.endpoints.llm_common import Collected, Shape
@@ -127,7 +126,7 @@ async def run(request: Request, generation_input: GenerationInput, answer: Answe
         await attach(generation_input.images, card, state.images)
     generation = await client.generate(generation_input.proto(), generation_input.names)
     try:
-        accepted = await until_disconnected(request, generation.accepted())
+        accepted = await generation.accepted()
     except BaseException:
         generation.cancel()
         raise
@@ -135,7 +134,7 @@ async def run(request: Request, generation_input: GenerationInput, answer: Answe
         return answer.respond(_events(generation, accepted, answer.framing(head), answer.persist),
                               state.settings.sse_keepalive_s)
     try:
-        body = await until_disconnected(request, _collect(generation, accepted, answer.collector, head))
+        body = await _collect(generation, accepted, answer.collector, head)
     finally:
         generation.cancel()
     if answer.persist is not None:

@@ -7,7 +7,6 @@ from fastapi import Request, Response
 
 from edge.api_router import ok
 from edge.app_state import edge_state
-from edge.cancel import until_disconnected
 from edge.endpoints import embeddings
 from edge.lean import lean_router
 
@@ -20,5 +19,5 @@ async def create_embeddings(body: embeddings.EmbeddingRequest, request: Request)
     client = state.clients.embed
     model = body.model or await client.directory.default(client.service, state.settings.default_embedding_model)
     proto = embeddings.to_proto(body, model)
-    response = await until_disconnected(request, client.embed(proto))
+    response = await client.embed(proto)
     return Response(embeddings.to_json(response, body.encoding_format), media_type="application/json")

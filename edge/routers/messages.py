@@ -11,7 +11,6 @@ from fastapi import Request, Response
 
 from edge.api_router import SSE_EVENT, errors_of, ok
 from edge.app_state import edge_state
-from edge.cancel import until_disconnected
 from edge.endpoints import message_output, message_schemas, messages
 from edge.lean import lean_router
 from edge.streaming import Answer, run
@@ -33,5 +32,5 @@ async def create_message(body: messages.MessagesRequest, request: Request) -> Re
 @router.post("/v1/messages/count_tokens", responses=ok(message_schemas.TokenCount))
 async def count_tokens(body: messages.CountTokensRequest, request: Request) -> Response:
     proto = tokenizer_pb2.TokenizeRequest(model=body.model, generation=messages.generation_input(body).proto())
-    answer = await until_disconnected(request, edge_state(request).clients.llm.tokenize(proto))
+    answer = await edge_state(request).clients.llm.tokenize(proto)
     return Response(orjson.dumps(message_output.token_count(len(answer.tokens))), media_type="application/json")

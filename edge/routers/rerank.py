@@ -11,7 +11,6 @@ from pydantic import WithJsonSchema
 
 from edge.api_router import EITHER_ERRORS, ok
 from edge.app_state import edge_state
-from edge.cancel import until_disconnected
 from edge.endpoints import rerank
 from edge.lean import lean_router
 
@@ -25,7 +24,7 @@ def _json(payload: Any) -> Response:
 @router.post("/v1/rerank", responses=ok(rerank.RerankResponse))
 @router.post("/v2/rerank", responses=ok(rerank.RerankResponse))
 async def rerank_documents(body: rerank.RerankRequest, request: Request) -> Response:
-    answer = await until_disconnected(request, edge_state(request).clients.rerank.rerank(rerank.to_proto(body)))
+    answer = await edge_state(request).clients.rerank.rerank(rerank.to_proto(body))
     return _json(rerank.response(body, answer))
 
 
@@ -39,12 +38,12 @@ async def rerank_any(body: Annotated[dict[str, Any], WithJsonSchema(rerank.EITHE
     state = edge_state(request)
     client = state.clients.rerank
     model = parsed.model or await client.directory.default(client.service, state.settings.default_rerank_model)
-    answer = await until_disconnected(request, client.rerank(rerank.tei_to_proto(parsed, model)))
+    answer = await client.rerank(rerank.tei_to_proto(parsed, model))
     return _json(rerank.tei_response(parsed, answer))
 
 
 @router.post("/v1/ranking", responses=ok(rerank.RankingResponse))
 async def rank_passages(body: rerank.RankingRequest, request: Request) -> Response:
     """NVIDIA NIM's reranking API (LangChain's NVIDIARerank posts here)."""
-    answer = await until_disconnected(request, edge_state(request).clients.rerank.rerank(rerank.ranking_proto(body)))
+    answer = await edge_state(request).clients.rerank.rerank(rerank.ranking_proto(body))
     return _json(rerank.ranking_response(answer))

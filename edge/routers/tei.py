@@ -9,7 +9,6 @@ from fastapi import Request, Response
 
 from edge.api_router import TEI_ERRORS, api_router, ok
 from edge.app_state import EdgeState, edge_state
-from edge.cancel import until_disconnected
 from edge.endpoints import tei
 from edge.lean import lean_router
 
@@ -42,5 +41,5 @@ async def embed(body: tei.TEIEmbedRequest, request: Request) -> Response:
     state = edge_state(request)
     model = body.model or await embedding_model(state)
     proto = tei.embed_proto(body, model)
-    return Response(tei.embed_json(await until_disconnected(request, state.clients.embed.embed(proto))),
+    return Response(tei.embed_json(await state.clients.embed.embed(proto)),
                     media_type="application/json")

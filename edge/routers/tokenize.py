@@ -12,7 +12,6 @@ from pydantic import WithJsonSchema
 
 from edge.api_router import EITHER_ERRORS, ok
 from edge.app_state import edge_state
-from edge.cancel import until_disconnected
 from edge.endpoints import tei, tokenize
 from edge.lean import lean_router
 from edge.routers.tei import embedding_model
@@ -31,17 +30,17 @@ async def tokenize_any(body: Annotated[dict[str, Any], WithJsonSchema(tokenize.E
     clients = edge_state(request).clients
     if isinstance(parsed, tokenize.TokenizeRequest):
         client = await clients.for_model(parsed.model)
-        return _json(tokenize.tokenized(await until_disconnected(request, client.tokenize(tokenize.to_proto(parsed)))))
+        return _json(tokenize.tokenized(await client.tokenize(tokenize.to_proto(parsed))))
     # TEI's: each input's tokens with their text, by the default embedding model's tokenizer.
     model = parsed.model or await embedding_model(edge_state(request))
     client = await clients.for_model(model)
-    answers = await until_disconnected(request, asyncio.gather(
-        *(client.tokenize(proto) for proto in tei.tokenize_protos(parsed, model))))
+    answers = await asyncio.gather(
+        *(client.tokenize(proto) for proto in tei.tokenize_protos(parsed, model)))
     return _json([tei.tokens(answer) for answer in answers])
 
 
 @router.post("/detokenize", responses=ok(tokenize.DetokenizeResponse))
 async def detokenize_tokens(body: tokenize.DetokenizeRequest, request: Request) -> Response:
     client = await edge_state(request).clients.for_model(body.model)
-    answer = await until_disconnected(request, client.detokenize(tokenize.detokenize_proto(body)))
+    answer = await client.detokenize(tokenize.detokenize_proto(body))
     return _json(tokenize.detokenized(answer))

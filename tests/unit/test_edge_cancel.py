@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from edge.cancel import until_disconnected
+from edge.lean import until_disconnected
 from edge.errors import OpenAIError
 
 

@@ -37,9 +37,9 @@ DOCUMENTED = re.compile(r"`((?:edge|services|tritongate)(?:\.\w+)+)")
 EMBEDDINGS = [
     "edge.telemetry.HttpMetrics",
     "edge.lean.LeanRoutes",
+    "edge.lean.until_disconnected",
     "edge.routers.embeddings.create_embeddings",
     "edge.endpoints.embeddings.to_proto",
-    "edge.cancel.until_disconnected",
     "edge.clients.EmbedClient.embed",
     "edge.clients.ModelDirectory.route",
     "edge.coalesce",
