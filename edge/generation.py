@@ -65,6 +65,23 @@ class SamplingRequest:
 
 
 @dataclass(frozen=True)
+class Tooling:
+    """A request's tools, how it lets the model call them, and its output format, as its validators checked
+    them (chat's, Responses' and Anthropic's tools all become these)."""
+
+    tools: Sequence[llm_pb2.Tool] = ()
+    choice: llm_pb2.ToolChoice | None = None  # None: "auto" with tools, else "none"
+    parallel: bool | None = None  # whether calls may be parallel; None: the default
+    guide: llm_pb2.Guide | None = None  # the output's format (JSON, a JSON schema)
+
+    @property
+    def tool_choice(self) -> llm_pb2.ToolChoice:
+        if self.choice is not None:
+            return self.choice
+        return llm_pb2.ToolChoice(mode="auto" if self.tools else "none")
+
+
+@dataclass(frozen=True)
 class GenerationInput:
     """One generation, whichever endpoint asked for it: a conversation (`messages`, with its tools and
     output format) or raw `prompts` (completions), how to sample, and how to answer."""
@@ -75,10 +92,7 @@ class GenerationInput:
     prompts: Sequence[llm_pb2.Prompt] = ()
     images: Sequence[PendingImage] = ()  # the messages' images, loaded into them before the request is sent
     stream: bool = False
-    tools: Sequence[llm_pb2.Tool] = ()
-    tool_choice: llm_pb2.ToolChoice | None = None  # None: "auto" with tools, else "none"
-    parallel_tool_calls: bool | None = None
-    guide: llm_pb2.Guide | None = None  # the output's format (JSON, a JSON schema)
+    tooling: Tooling = field(default_factory=lambda: Tooling())  # the tools, how to use them, the output format
     template_variables: Mapping[str, Any] = field(default_factory=dict)  # extra variables of the chat template
     logprobs: bool = False
     top_logprobs: int = 0
@@ -91,11 +105,6 @@ class GenerationInput:
         """What the client calls the generation parameter `name`."""
         return self.names.get(name, name)
 
-    @property
-    def choice(self) -> llm_pb2.ToolChoice:
-        if self.tool_choice is not None:
-            return self.tool_choice
-        return llm_pb2.ToolChoice(mode="auto" if self.tools else "none")
 
     def proto(self) -> llm_pb2.GenerateRequest:
         proto = llm_pb2.GenerateRequest(model=self.model, logprobs=self.logprobs, top_logprobs=self.top_logprobs,
@@ -105,12 +114,13 @@ class GenerationInput:
         if self.prompts:
             proto.prompts.prompts.extend(self.prompts)
         else:
-            chat = llm_pb2.Chat(messages=self.messages, tools=self.tools, tool_choice=self.choice)
-            if self.parallel_tool_calls is not None:
-                chat.parallel_tool_calls = self.parallel_tool_calls
+            tooling = self.tooling
+            chat = llm_pb2.Chat(messages=self.messages, tools=tooling.tools, tool_choice=tooling.tool_choice)
+            if tooling.parallel is not None:
+                chat.parallel_tool_calls = tooling.parallel
             proto.chat.CopyFrom(chat)
-        if self.guide is not None:
-            proto.guide.CopyFrom(self.guide)
+        if self.tooling.guide is not None:
+            proto.guide.CopyFrom(self.tooling.guide)
         if self.template_variables:
             proto.chat_template_kwargs.update(dict(self.template_variables))
         return proto

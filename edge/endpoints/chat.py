@@ -23,7 +23,6 @@ from edge.endpoints.tools import (
     MAX_TOOLS,
     ResponseFormat,
     ToolChoiceJson,
-    Tooling,
     Tools,
     call_json,
     delta_json,
@@ -33,7 +32,7 @@ from edge.endpoints.tools import (
     tool_list,
 )
 from edge.errors import ParamError
-from edge.generation import GenerationInput
+from edge.generation import GenerationInput, Tooling
 from edge.images import PendingImage, chat_part_url
 from tritongate.common.v1 import common_pb2
 from tritongate.llm.v1 import llm_pb2
@@ -219,11 +218,9 @@ def generation_input(body: ChatCompletionRequest) -> GenerationInput:
     variables = {**({"reasoning_effort": body.reasoning_effort} if body.reasoning_effort else {}),
                  **(body.chat_template_kwargs or {})}
     messages = [message_proto(m) for m in body.messages]
-    tooling = body.tooling
     return GenerationInput(
         model=body.model, sampling=body.sampling(body.max_completion_tokens or body.max_tokens),
-        messages=messages, images=pending_images(body, messages), stream=bool(body.stream), tools=tooling.tools,
-        tool_choice=tooling.choice, parallel_tool_calls=tooling.parallel, guide=tooling.guide,
+        messages=messages, images=pending_images(body, messages), stream=bool(body.stream), tooling=body.tooling,
         template_variables=variables, logprobs=bool(body.logprobs), top_logprobs=body.top_logprobs or 0,
         names=LEGACY_NAMES if body.legacy_functions else {})
 

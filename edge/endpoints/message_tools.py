@@ -18,8 +18,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from edge.endpoints.tools import MAX_TOOLS, NAME, Tooling, function_tool
+from edge.endpoints.tools import MAX_TOOLS, NAME, function_tool
 from edge.errors import ParamError
+from edge.generation import Tooling
 from tritongate.llm.v1 import llm_pb2
 
 TOOL_CHOICES = ("auto", "any", "tool", "none")

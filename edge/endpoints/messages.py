@@ -13,7 +13,7 @@ edge/endpoints/message_output.py (`answer_shape`), its schemas declared in edge/
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Annotated, Any, Self
 
 from pydantic import Field, PrivateAttr, WithJsonSchema, field_validator, model_validator
@@ -24,9 +24,9 @@ from edge.endpoints.message_context import Edit, apply_edits, context_edits
 from edge.endpoints.message_input import Conversation, chat_messages, system_text
 from edge.endpoints.message_output import MessageShape
 from edge.endpoints.message_tools import TOOL_CHOICES, MessageTools, message_tools, tool_choice
-from edge.endpoints.tools import Tooling, schema_text
+from edge.endpoints.tools import schema_text
 from edge.errors import ParamError
-from edge.generation import GenerationInput, SamplingRequest
+from edge.generation import GenerationInput, SamplingRequest, Tooling
 from tritongate.llm.v1 import llm_pb2
 
 # The generation's parameters under their Messages names, for what the llm service refuses.
@@ -241,10 +241,9 @@ def generation_input(body: MessagesInput) -> GenerationInput:
         stream = bool(body.stream)
     conversation: Conversation = body.messages
     config: OutputConfig | None = body.output_config
-    tooling = body.tooling
     return GenerationInput(model=body.model, messages=[*system, *conversation.messages], images=conversation.images,
-                           sampling=sampling, stream=stream, tools=tooling.tools, tool_choice=tooling.choice,
-                           parallel_tool_calls=tooling.parallel, guide=config.guide if config else None,
+                           sampling=sampling, stream=stream,
+                           tooling=replace(body.tooling, guide=config.guide if config else None),
                            template_variables=_template_variables(body), hosted_tools=body.hosted_tools,
                            fit_max_tokens=isinstance(body, MessagesRequest), names=NAMES)
 

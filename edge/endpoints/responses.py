@@ -36,9 +36,9 @@ from edge.endpoints.response_tools import (
     response_tool_choice,
     response_tools,
 )
-from edge.endpoints.tools import Tooling, response_guide
+from edge.endpoints.tools import response_guide
 from edge.errors import OpenAIError, bad_request
-from edge.generation import GenerationInput, SamplingRequest
+from edge.generation import GenerationInput, SamplingRequest, Tooling
 from edge.images import PendingImage
 from edge.state import Space, conversation
 from tritongate.llm.v1 import llm_pb2
@@ -137,13 +137,11 @@ class ResponseRequest(OpenAIRequest):
 def generation_input(body: ResponseRequest, history: Sequence[llm_pb2.ChatMessage]) -> GenerationInput:
     """The generation that answers `body`, after the conversation `history`."""
     system = [llm_pb2.ChatMessage(role="system", content=body.instructions)] if body.instructions else []
-    tooling = body.tooling
     effort = body.reasoning.effort if body.reasoning else None
     return GenerationInput(
         model=body.model, messages=[*system, *history, *body.messages], images=body.images, stream=bool(body.stream),
         sampling=SamplingRequest(max_tokens=body.max_output_tokens, temperature=body.temperature, top_p=body.top_p),
-        tools=tooling.tools, tool_choice=tooling.choice, parallel_tool_calls=tooling.parallel, guide=tooling.guide,
-        hosted_tools=body.request_tools.hosted, names=NAMES,
+        tooling=body.tooling, hosted_tools=body.request_tools.hosted, names=NAMES,
         template_variables={"reasoning_effort": effort} if effort else {})
 
 

@@ -2,7 +2,7 @@
 `functions` / `function_call` (mapped onto tools), with their rules and their part of the generation
 input (Responses' `text.format` and flat function tools, and Anthropic's tools, go through the same rules);
 and the `tool_calls` / `function_call` of answers and chunks. The rules run in the request models'
-validators, which keep what they checked as the request's `Tooling`.
+validators, which keep what they checked as the request's `Tooling` (edge/generation.py).
 
 The edge checks shapes and that every schema is a JSON Schema (a 400 naming the parameter); the llm service
 decides what the model's backend can enforce (guided decoding) and parses the model's tool calls.
@@ -11,7 +11,6 @@ decides what the model's backend can enforce (guided decoding) and parses the mo
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 import orjson
@@ -49,17 +48,6 @@ Tools = Annotated[Any, WithJsonSchema({"anyOf": [{"type": "array", "maxItems": M
     "required": ["type", "function"]}}, {"type": "null"}]})]
 ToolChoiceJson = Annotated[Any, WithJsonSchema({"anyOf": [{"enum": ["none", "auto", "required"]}, _NAMED,
                                                           {"type": "null"}]})]
-
-
-@dataclass(frozen=True)
-class Tooling:
-    """A request's function tools, how it lets the model call them and its output format, as its validators
-    checked them: what its generation input takes."""
-
-    tools: list[llm_pb2.Tool] = field(default_factory=list)
-    choice: llm_pb2.ToolChoice | None = None  # None: "auto" with tools, else "none"
-    parallel: bool | None = None  # whether calls may be parallel; None: the default
-    guide: llm_pb2.Guide | None = None  # the output's format
 
 
 def schema_text(schema: Any, param: str, what: str) -> str:

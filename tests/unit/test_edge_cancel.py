@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from edge.lean import until_disconnected
 from edge.errors import OpenAIError
+from edge.lean import until_disconnected
 
 
 class FakeRequest:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from edge.endpoints import chat, completions, interactive, responses
-from edge.generation import GenerationInput, SamplingRequest
+from edge.generation import GenerationInput, SamplingRequest, Tooling
 from tritongate.llm.v1 import llm_pb2
 
 TOOL = llm_pb2.Tool(name="f")
@@ -16,8 +16,8 @@ FORCED = llm_pb2.ToolChoice(mode="required")
 def test_a_forced_call_and_a_format_travel_together() -> None:
     """The Agents SDK's pattern: the forced turn is held to the call's grammar by the service, the format
     is for the answer after the tool's result; both reach the service."""
-    proto = GenerationInput(model="m", sampling=SamplingRequest(), tools=[TOOL], tool_choice=FORCED,
-                            guide=llm_pb2.Guide(json_object=True)).proto()
+    proto = GenerationInput(model="m", sampling=SamplingRequest(), tooling=Tooling(
+        [TOOL], FORCED, guide=llm_pb2.Guide(json_object=True))).proto()
     assert proto.chat.tool_choice.mode == "required" and proto.guide.json_object
     answer = responses.generation_input(responses.ResponseRequest.model_validate({
         "model": "m", "input": "hi", "tools": [{"type": "function", "name": "f"}], "tool_choice": "required",
@@ -34,7 +34,7 @@ def test_sampling_leaves_unset_fields_to_the_model_and_carries_large_seeds_as_in
 
 def test_a_conversation_or_prompts_one_input() -> None:
     chat = GenerationInput(model="m", sampling=SamplingRequest(),
-                           messages=[llm_pb2.ChatMessage(role="user", content="hi")], tools=[TOOL]).proto()
+                           messages=[llm_pb2.ChatMessage(role="user", content="hi")], tooling=Tooling([TOOL])).proto()
     assert chat.WhichOneof("input") == "chat" and chat.chat.tool_choice.mode == "auto"
     assert not chat.chat.HasField("parallel_tool_calls")
     prompts = GenerationInput(model="m", sampling=SamplingRequest(), prompts=[llm_pb2.Prompt(text="x")],

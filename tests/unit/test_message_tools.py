@@ -65,24 +65,26 @@ def test_client_tools_are_offered_with_their_published_input_schemas_under_the_r
 
 
 def test_a_deferred_tool_is_offered_once_the_conversation_loads_it() -> None:
-    assert [tool.name for tool in messages.generation_input(request(tools=[TOOL, DEFERRED])).tools] == ["get_time"]
+    offered = messages.generation_input(request(tools=[TOOL, DEFERRED])).tooling.tools
+    assert [tool.name for tool in offered] == ["get_time"]
     searched = [{"role": "user", "content": "Edit the notebook."},
                 {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "ToolSearch",
                                                    "input": {"query": "notebook"}}]},
                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": [
                     {"type": "tool_reference", "tool_name": "NotebookEdit"}]}]}]
     loaded = messages.generation_input(request(tools=[TOOL, DEFERRED], messages=searched))
-    assert [tool.name for tool in loaded.tools] == ["get_time", "NotebookEdit"]
+    assert [tool.name for tool in loaded.tooling.tools] == ["get_time", "NotebookEdit"]
     assert loaded.messages[-1].role == "tool" and loaded.messages[-1].content == "NotebookEdit"
     forced = messages.generation_input(request(tools=[TOOL, DEFERRED], messages=searched,
                                                tool_choice={"type": "tool", "name": "NotebookEdit"}))
-    assert forced.choice.function == "NotebookEdit"
+    assert forced.tooling.tool_choice.function == "NotebookEdit"
 
 
 def test_a_system_turn_adds_and_withdraws_tools_from_there_on() -> None:
     def changed(*blocks: dict[str, Any]) -> list[str]:
         turns = [{"role": "user", "content": "hi"}, {"role": "system", "content": list(blocks)}]
-        return [tool.name for tool in messages.generation_input(request(tools=[TOOL, DEFERRED], messages=turns)).tools]
+        offered = messages.generation_input(request(tools=[TOOL, DEFERRED], messages=turns)).tooling.tools
+        return [tool.name for tool in offered]
 
     add = {"type": "tool_addition", "tool": {"type": "tool_reference", "name": "NotebookEdit"}}
     remove = {"type": "tool_removal", "tool": {"type": "tool_reference", "name": "get_time"}}
@@ -103,7 +105,7 @@ def test_a_tool_search_result_of_anthropics_loads_its_tools_and_a_server_tool_us
                  {"type": "text", "text": "Found it."}]},
              {"role": "user", "content": "Go on."}]
     generation = messages.generation_input(request(tools=[DEFERRED, SERVER[3]], messages=turns))
-    assert [tool.name for tool in generation.tools] == ["NotebookEdit"]
+    assert [tool.name for tool in generation.tooling.tools] == ["NotebookEdit"]
     assert [(m.role, m.content, len(m.tool_calls)) for m in generation.messages] == [
         ("user", "Edit the notebook.", 0), ("assistant", "Found it.", 0), ("user", "Go on.", 0)]
 

@@ -92,9 +92,8 @@ def test_sampling_stop_sequences_and_names() -> None:
     ({"type": "none"}, "none", "", None),
 ])
 def test_tool_choice(choice: dict[str, Any], mode: str, function: str, parallel: bool | None) -> None:
-    generation = messages.generation_input(request(tools=[TOOL], tool_choice=choice))
-    assert (generation.choice.mode, generation.choice.function, generation.parallel_tool_calls) == \
-        (mode, function, parallel)
+    tooling = messages.generation_input(request(tools=[TOOL], tool_choice=choice)).tooling
+    assert (tooling.tool_choice.mode, tooling.tool_choice.function, tooling.parallel) == (mode, function, parallel)
 
 
 @pytest.mark.parametrize(("thinking", "enabled"), [({"type": "enabled", "budget_tokens": 1024}, True),
@@ -282,7 +281,8 @@ def test_claude_codes_first_request_is_taken_whole() -> None:
     body = messages.MessagesRequest.model_validate(captured)
     generation = messages.generation_input(body)
     assert [m.role for m in generation.messages] == ["system", "user", "system"]
-    assert len(generation.tools) == 11 and "DeferredToolPlaceholder" not in {tool.name for tool in generation.tools}
+    offered = generation.tooling.tools
+    assert len(offered) == 11 and "DeferredToolPlaceholder" not in {tool.name for tool in offered}
     proto = generation.proto()
     assert dict(proto.chat_template_kwargs) == {"reasoning_effort": "high"} and proto.fit_max_tokens
     assert proto.max_tokens == 32000 and proto.chat.tool_choice.mode == "auto" and generation.stream
