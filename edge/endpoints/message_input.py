@@ -15,12 +15,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edge.endpoints.message_tools import ToolChange
+from edge.endpoints.tools import schema_text
 from edge.errors import ParamError
 from edge.images import PendingImage
 from tritongate.llm.v1 import llm_pb2
 
 ROLES = ("user", "assistant", "system")
 Blocks = list[tuple[dict[str, Any], str]]  # a turn's content blocks, each with its place in the request
+
+MIN_THINKING_BUDGET = 1024  # Anthropic's least `budget_tokens`
+THINKING_DISPLAYS = ("summarized", "omitted", "updates")
+EFFORTS = ("low", "medium", "high", "xhigh", "max")
+
 
 
 @dataclass
@@ -252,3 +258,61 @@ def system_text(value: Any) -> str:
         if block["type"] != "text":
             raise ParamError(f"'system[{j}].type': only text blocks are allowed in 'system'", f"system[{j}].type")
     return "\n".join(_string(block, "text", f"system[{j}]") for j, block in enumerate(blocks))
+
+
+@dataclass(frozen=True)
+class Thinking:
+    """`thinking`, checked: the chat template's `enable_thinking` (None: the template's default, which
+    `adaptive` leaves to the model), the budget it was given, and whether the answer shows the thinking's
+    text (`display: omitted`: its thinking blocks are empty, as Anthropic's)."""
+
+    enabled: bool | None
+    budget_tokens: int = 0
+    shown: bool = True
+
+
+def thinking_of(value: Any) -> Thinking | None:
+    """`thinking`: {type: enabled, budget_tokens, display}, {type: adaptive, display} or {type: disabled}."""
+    if value is None:
+        return None
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind == "disabled":
+        return Thinking(enabled=False)
+    if kind not in ("enabled", "adaptive"):
+        raise ParamError("'thinking' must be an object with type 'enabled' (and 'budget_tokens'), 'adaptive' or "
+                         "'disabled'", "thinking")
+    assert isinstance(value, dict)
+    display = value.get("display")
+    if display not in (None, *THINKING_DISPLAYS):
+        raise ParamError(f"'thinking.display' must be one of {', '.join(THINKING_DISPLAYS)}", "thinking.display")
+    if kind == "adaptive":
+        return Thinking(enabled=None, shown=display != "omitted")
+    budget = value.get("budget_tokens")
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < MIN_THINKING_BUDGET:
+        raise ParamError(f"'thinking.budget_tokens' must be an integer of at least {MIN_THINKING_BUDGET}",
+                         "thinking.budget_tokens")
+    return Thinking(enabled=True, budget_tokens=budget, shown=display != "omitted")
+
+
+@dataclass(frozen=True)
+class OutputConfig:
+    """`output_config`, checked: the effort (the chat template's `reasoning_effort`) and the output's format."""
+
+    effort: str | None = None
+    guide: llm_pb2.Guide | None = None
+
+
+def output_config(value: Any) -> OutputConfig:
+    """`output_config`: {effort: low | medium | high | xhigh | max, format: {type: json_schema, schema}}."""
+    if not isinstance(value, dict):
+        raise ParamError("'output_config' must be an object", "output_config")
+    effort, form = value.get("effort"), value.get("format")
+    if effort not in (None, *EFFORTS):
+        raise ParamError(f"'output_config.effort' must be one of {', '.join(EFFORTS)}", "output_config.effort")
+    if form is None:
+        return OutputConfig(effort)
+    if not isinstance(form, dict) or form.get("type") != "json_schema":
+        raise ParamError("'output_config.format' must be an object with type 'json_schema' and a 'schema'",
+                         "output_config.format")
+    return OutputConfig(effort, llm_pb2.Guide(json_schema=schema_text(form.get("schema"), "output_config.format",
+                                                                      "'output_config.format.schema'")))

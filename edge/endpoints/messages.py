@@ -7,33 +7,51 @@ turns chat messages (edge/endpoints/message_input.py), after its `context_manage
 server tools are hosted tools, never offered); `stop_sequences` the stop strings; `thinking` the chat
 template's `enable_thinking` and `output_config.effort` its `reasoning_effort`; `max_tokens` is cut to the
 model's room rather than refused (`fit_max_tokens`: clients such as Claude Code ask 32,000 of every model).
-Errors on these routes have Anthropic's shape (edge/errors.py). The answer is written by
-edge/endpoints/message_output.py (`answer_shape`), its schemas declared in edge/endpoints/message_schemas.py.
+Errors on these routes have Anthropic's shape (edge/errors.py); the schemas are declared in
+edge/endpoints/message_schemas.py.
+
+The answer (`answer_shape`) is collected into one Message (`MessageShape.response`) or streamed as
+Anthropic's events (`MessageEvents`): `message_start`, `ping`, per content block `content_block_start`, its
+deltas (`thinking_delta`, `text_delta`, `input_json_delta`) and `content_block_stop`, then `message_delta`
+(the stop reason, the usage and the context edits applied) and `message_stop`; a token count has its own.
+The usage counts as Anthropic's does: `input_tokens` are the prompt tokens the backend did not take from its
+cache, `cache_read_input_tokens` those it did (`Usage.cached_tokens`; known when the generation ends, so 0 in
+`message_start`), `cache_creation_input_tokens` 0.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import json
+from collections.abc import AsyncGenerator, Iterable, Iterator
+from dataclasses import replace
 from typing import Annotated, Any, Self
 
+import orjson
 from pydantic import Field, PrivateAttr, WithJsonSchema, field_validator, model_validator
 
 from edge.endpoints.common import UINT32_MAX, OpenAIRequest
-from edge.endpoints.llm_common import TopP, stop_list
+from edge.endpoints.llm_common import Collected, TopP, stop_list
 from edge.endpoints.message_context import Edit, apply_edits, context_edits
-from edge.endpoints.message_input import Conversation, chat_messages, system_text
-from edge.endpoints.message_output import MessageShape
+from edge.endpoints.message_input import (
+    EFFORTS,
+    THINKING_DISPLAYS,
+    Conversation,
+    OutputConfig,
+    Thinking,
+    chat_messages,
+    output_config,
+    system_text,
+    thinking_of,
+)
 from edge.endpoints.message_tools import TOOL_CHOICES, MessageTools, message_tools, tool_choice
-from edge.endpoints.tools import schema_text
 from edge.errors import ParamError
 from edge.generation import GenerationInput, SamplingRequest, Tooling
+from edge.sse import EventStream, sse_response
+from tritongate.common.v1 import common_pb2
 from tritongate.llm.v1 import llm_pb2
 
 # The generation's parameters under their Messages names, for what the llm service refuses.
 NAMES = {"stop": "stop_sequences", "chat_template_kwargs": "thinking", "response_format": "output_config.format"}
-MIN_THINKING_BUDGET = 1024  # Anthropic's least `budget_tokens`
-THINKING_DISPLAYS = ("summarized", "omitted", "updates")
-EFFORTS = ("low", "medium", "high", "xhigh", "max")
 
 _BLOCK = {"type": "object", "properties": {"type": {"type": "string"}}, "required": ["type"]}
 MessagesJson = Annotated[Any, WithJsonSchema({"type": "array", "minItems": 1, "items": {
@@ -56,64 +74,6 @@ ContextManagementJson = Annotated[Any, WithJsonSchema({"type": "object", "proper
 OutputConfigJson = Annotated[Any, WithJsonSchema({"type": "object", "properties": {
     "effort": {"enum": list(EFFORTS)}, "format": {"type": "object", "properties": {
         "type": {"const": "json_schema"}, "schema": {"type": "object"}}, "required": ["type", "schema"]}}})]
-
-
-@dataclass(frozen=True)
-class Thinking:
-    """`thinking`, checked: the chat template's `enable_thinking` (None: the template's default, which
-    `adaptive` leaves to the model), the budget it was given, and whether the answer shows the thinking's
-    text (`display: omitted`: its thinking blocks are empty, as Anthropic's)."""
-
-    enabled: bool | None
-    budget_tokens: int = 0
-    shown: bool = True
-
-
-def thinking_of(value: Any) -> Thinking | None:
-    """`thinking`: {type: enabled, budget_tokens, display}, {type: adaptive, display} or {type: disabled}."""
-    if value is None:
-        return None
-    kind = value.get("type") if isinstance(value, dict) else None
-    if kind == "disabled":
-        return Thinking(enabled=False)
-    if kind not in ("enabled", "adaptive"):
-        raise ParamError("'thinking' must be an object with type 'enabled' (and 'budget_tokens'), 'adaptive' or "
-                         "'disabled'", "thinking")
-    assert isinstance(value, dict)
-    display = value.get("display")
-    if display not in (None, *THINKING_DISPLAYS):
-        raise ParamError(f"'thinking.display' must be one of {', '.join(THINKING_DISPLAYS)}", "thinking.display")
-    if kind == "adaptive":
-        return Thinking(enabled=None, shown=display != "omitted")
-    budget = value.get("budget_tokens")
-    if isinstance(budget, bool) or not isinstance(budget, int) or budget < MIN_THINKING_BUDGET:
-        raise ParamError(f"'thinking.budget_tokens' must be an integer of at least {MIN_THINKING_BUDGET}",
-                         "thinking.budget_tokens")
-    return Thinking(enabled=True, budget_tokens=budget, shown=display != "omitted")
-
-
-@dataclass(frozen=True)
-class OutputConfig:
-    """`output_config`, checked: the effort (the chat template's `reasoning_effort`) and the output's format."""
-
-    effort: str | None = None
-    guide: llm_pb2.Guide | None = None
-
-
-def output_config(value: Any) -> OutputConfig:
-    """`output_config`: {effort: low | medium | high | xhigh | max, format: {type: json_schema, schema}}."""
-    if not isinstance(value, dict):
-        raise ParamError("'output_config' must be an object", "output_config")
-    effort, form = value.get("effort"), value.get("format")
-    if effort not in (None, *EFFORTS):
-        raise ParamError(f"'output_config.effort' must be one of {', '.join(EFFORTS)}", "output_config.effort")
-    if form is None:
-        return OutputConfig(effort)
-    if not isinstance(form, dict) or form.get("type") != "json_schema":
-        raise ParamError("'output_config.format' must be an object with type 'json_schema' and a 'schema'",
-                         "output_config.format")
-    return OutputConfig(effort, llm_pb2.Guide(json_schema=schema_text(form.get("schema"), "output_config.format",
-                                                                      "'output_config.format.schema'")))
 
 
 class Metadata(OpenAIRequest):
@@ -173,8 +133,9 @@ class MessagesInput(OpenAIRequest):
         """The offered tools (those the conversation loads or withdraws counted) and tool_choice over them;
         the conversation edited."""
         conversation: Conversation = self.messages
-        tools: MessageTools = self.tools or MessageTools()
-        self._tooling = tool_choice(self.tool_choice, tools, tools.offered(conversation.tool_changes))
+        if self.tools is not None or self.tool_choice is not None:  # else no tool, and nothing to choose
+            tools: MessageTools = self.tools or MessageTools()
+            self._tooling = tool_choice(self.tool_choice, tools, tools.offered(conversation.tool_changes))
         if self.context_management is not None:
             self._applied = apply_edits(conversation.messages, self.context_management)
         return self
@@ -256,3 +217,145 @@ def answer_shape(body: MessagesRequest) -> MessageShape:
 
 class CountTokensRequest(MessagesInput):
     """Anthropic's CountMessageTokens: the input of a Messages request, counted as it would be sent."""
+
+
+STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+
+
+def _stop(finish_reason: str, stop_string: str) -> dict[str, Any]:
+    if stop_string:
+        return {"stop_reason": "stop_sequence", "stop_sequence": stop_string}
+    return {"stop_reason": STOP_REASONS.get(finish_reason, "end_turn"), "stop_sequence": None}
+
+
+def _usage(usage: common_pb2.Usage) -> dict[str, int]:
+    return {"input_tokens": usage.prompt_tokens - usage.cached_tokens, "output_tokens": usage.completion_tokens,
+            "cache_creation_input_tokens": 0, "cache_read_input_tokens": usage.cached_tokens}
+
+
+def _arguments(text: str) -> dict[str, Any]:
+    """A call's arguments as the `input` object (a model that wrote no JSON object gives {})."""
+    try:
+        value = json.loads(text or "{}")
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _event(payload: dict[str, Any]) -> bytes:
+    return b"event: " + payload["type"].encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
+
+
+def thinking_block(text: str) -> dict[str, Any]:
+    return {"type": "thinking", "thinking": text, "signature": ""}  # no signature: nothing here is signed
+
+
+def text_block(text: str) -> dict[str, Any]:
+    return {"type": "text", "text": text}
+
+
+def tool_use_block(call_id: str, name: str, call_input: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "tool_use", "id": call_id, "name": name, "input": call_input}
+
+
+class MessageShape:
+    """A whole Message (the collecting side of the generation path), and its stream (`events`): the thinking's
+    text shown unless `thinking_shown` is False (its blocks empty), the context edits applied
+    (`applied_edits`) reported unless None (the request asked for none)."""
+
+    object = "message"
+    prefix = "msg_"  # Anthropic's ids: msg_...
+
+    def __init__(self, thinking_shown: bool = True, applied_edits: list[dict[str, Any]] | None = None) -> None:
+        self.thinking_shown = thinking_shown
+        self.context_management = None if applied_edits is None else {"applied_edits": applied_edits}
+
+    def message(self, head: dict[str, Any], content: list[dict[str, Any]], stop: dict[str, Any],
+                usage: dict[str, int]) -> dict[str, Any]:
+        return {"id": head["id"], "type": "message", "role": "assistant", "model": head["model"], "content": content,
+                **stop, "usage": usage}
+
+    def response(self, head: dict[str, Any], choices: list[Collected], usage: common_pb2.Usage) -> dict[str, Any]:
+        choice = choices[0]
+        content = [thinking_block(choice.reasoning if self.thinking_shown else "")] if choice.reasoning else []
+        if choice.text:
+            content.append(text_block(choice.text))
+        content += [tool_use_block(call["id"], call["name"], _arguments(call["arguments"]))
+                    for call in choice.tool_calls]
+        message = self.message(head, content, _stop(choice.finish_reason, choice.stop_string), _usage(usage))
+        if self.context_management is not None:
+            message["context_management"] = self.context_management
+        return message
+
+    def events(self, head: dict[str, Any]) -> MessageEvents:
+        return MessageEvents(self, head)
+
+
+class MessageEvents:
+    """Anthropic's stream: message_start and a ping; each content block opened (content_block_start) with
+    the first piece of its kind (thinking, text, or a new tool call), its deltas, closed
+    (content_block_stop) when another begins or the answer ends; then message_delta and message_stop."""
+
+    def __init__(self, shape: MessageShape, head: dict[str, Any]) -> None:
+        self.shape = shape
+        self.head = head
+        self.blocks = 0  # blocks opened so far; the last is open while `open` is set
+        self.open: str | None = None  # "thinking", "text", or the index of the tool call being streamed
+        self.stop: dict[str, Any] = _stop("stop", "")
+        self.input_tokens = 0
+
+    def _close(self) -> Iterator[bytes]:
+        if self.open is not None:
+            yield _event({"type": "content_block_stop", "index": self.blocks - 1})
+            self.open = None
+
+    def _block(self, kind: str, block: dict[str, Any]) -> Iterator[bytes]:
+        """Open a block of `kind` unless one is open."""
+        if self.open != kind:
+            yield from self._close()
+            yield _event({"type": "content_block_start", "index": self.blocks, "content_block": block})
+            self.blocks += 1
+            self.open = kind
+
+    def _delta(self, delta: dict[str, Any]) -> bytes:
+        return _event({"type": "content_block_delta", "index": self.blocks - 1, "delta": delta})
+
+    def start(self, accepted: llm_pb2.Accepted) -> Iterable[bytes]:
+        self.input_tokens = accepted.prompt_tokens
+        message = self.shape.message(self.head, [], {"stop_reason": None, "stop_sequence": None},
+                                     _usage(common_pb2.Usage(prompt_tokens=accepted.prompt_tokens)))
+        yield _event({"type": "message_start", "message": message})
+        yield _event({"type": "ping"})
+
+    def delta(self, delta: llm_pb2.Delta) -> Iterable[bytes]:
+        if delta.reasoning:
+            yield from self._block("thinking", thinking_block(""))
+            if self.shape.thinking_shown:
+                yield self._delta({"type": "thinking_delta", "thinking": delta.reasoning})
+        if delta.text:
+            yield from self._block("text", text_block(""))
+            yield self._delta({"type": "text_delta", "text": delta.text})
+        for piece in delta.tool_calls:
+            yield from self._block(f"call {piece.index}", tool_use_block(piece.id, piece.name, {}))
+            if piece.arguments:
+                yield self._delta({"type": "input_json_delta", "partial_json": piece.arguments})
+
+    def end(self, index: int, finish_reason: str, stop_string: str = "") -> Iterable[bytes]:
+        self.stop = _stop(finish_reason, stop_string)
+        yield from self._close()
+
+    def finish(self, usage: common_pb2.Usage) -> Iterable[bytes]:
+        closing = {"type": "message_delta", "delta": self.stop, "usage": _usage(usage)}
+        if self.shape.context_management is not None:
+            closing["context_management"] = self.shape.context_management
+        yield _event(closing)
+        yield _event({"type": "message_stop"})
+
+
+def event_stream(events: AsyncGenerator[bytes, None], keepalive_s: float) -> EventStream:
+    """The stream's events as Server-Sent Events: Anthropic's streams end without `[DONE]`."""
+    return sse_response(events, keepalive_s, done=b"")
+
+
+def token_count(tokens: int) -> dict[str, int]:
+    return {"input_tokens": tokens}

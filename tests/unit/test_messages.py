@@ -12,7 +12,7 @@ import pytest
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
-from edge.endpoints import message_output, messages
+from edge.endpoints import messages
 from edge.endpoints.llm_common import Collected
 from edge.errors import OpenAIError, ParamError, from_validation
 from tests.support.anthropic_schema import validate_error
@@ -144,7 +144,7 @@ def test_bad_input_is_refused_naming_its_place(fields: dict[str, Any], param: st
 
 
 def test_a_stop_string_and_each_finish_give_anthropics_stop_reason() -> None:
-    shape = message_output.MessageShape()
+    shape = messages.MessageShape()
     head = {"id": "msg-1", "model": "m"}
     for finish, stop, expected in [("stop", "", ("end_turn", None)), ("length", "", ("max_tokens", None)),
                                    ("tool_calls", "", ("tool_use", None)), ("stop", "END", ("stop_sequence", "END"))]:
@@ -250,7 +250,7 @@ def test_the_answer_to_a_beta_request() -> None:
     """Thinking omitted (its blocks empty, no thinking deltas), the context edits reported, and the prompt tokens
     the backend took from its cache counted as Anthropic counts them."""
     applied = [{"type": "clear_thinking_20251015", "cleared_thinking_turns": 1, "cleared_input_tokens": 0}]
-    shape = message_output.MessageShape(thinking_shown=False, applied_edits=applied)
+    shape = messages.MessageShape(thinking_shown=False, applied_edits=applied)
     cached = common_pb2.Usage(prompt_tokens=30, completion_tokens=5, total_tokens=35, cached_tokens=20)
     deltas = [llm_pb2.Delta(reasoning="Secret."), llm_pb2.Delta(text="Done.", finish_reason="stop")]
     choice = Collected()

@@ -27,8 +27,8 @@ from edge.endpoints import (
     completions,
     embeddings,
     interactive,
-    message_output,
     message_schemas,
+    messages,
     models,
     rerank,
     response_output,
@@ -273,8 +273,8 @@ MESSAGE_GENERATIONS = [*GENERATIONS[:2], GENERATIONS[3], *WITH_CALLS, Generation
 # asked for reported, prompt tokens from the backend's cache counted.
 APPLIED = [{"type": "clear_thinking_20251015", "cleared_thinking_turns": 2, "cleared_input_tokens": 0},
            {"type": "clear_tool_uses_20250919", "cleared_tool_uses": 3, "cleared_input_tokens": 0}]
-MESSAGE_SHAPES = [("", message_output.MessageShape(), USAGE),
-                  (" (beta)", message_output.MessageShape(thinking_shown=False, applied_edits=APPLIED), REASONED)]
+MESSAGE_SHAPES = [("", messages.MessageShape(), USAGE),
+                  (" (beta)", messages.MessageShape(thinking_shown=False, applied_edits=APPLIED), REASONED)]
 
 
 def messages_cases() -> Iterator[Case]:
@@ -289,7 +289,7 @@ def messages_cases() -> Iterator[Case]:
                 assert event == payload["type"]
                 yield Case(f"{name}: event {i} {event}", message_schemas.MessageStreamEvent, payload,
                            anthropic_schema.validate_event)
-    yield Case("message token count", message_schemas.TokenCount, message_output.token_count(12),
+    yield Case("message token count", message_schemas.TokenCount, messages.token_count(12),
                anthropic_schema.validate_count)
     for status in (400, 401, 404, 413, 429, 500, 503, 504):
         yield Case(f"message error {status}", message_schemas.AnthropicError,

@@ -138,23 +138,23 @@ MESSAGES = [
     "tests.support.fake_triton.FakeTriton.ModelStreamInfer",
     "services.llm.completion.Completion.add",
     "edge.clients.Generation.deltas",
-    "edge.endpoints.message_output.MessageEvents.delta",
+    "edge.endpoints.messages.MessageEvents.delta",
 ]
 # Anthropic's events, from the service's first message to message_stop.
 MESSAGE_EVENTS = [
     "edge.clients.Generation.accepted",
-    "edge.endpoints.message_output.MessageShape.events",
-    "edge.endpoints.message_output.event_stream",
+    "edge.endpoints.messages.MessageShape.events",
+    "edge.endpoints.messages.event_stream",
     "edge.sse.EventStream",
     "edge.streaming._events",
-    "edge.endpoints.message_output.MessageEvents.start",
-    "edge.endpoints.message_output.MessageShape.message",
+    "edge.endpoints.messages.MessageEvents.start",
+    "edge.endpoints.messages.MessageShape.message",
     "edge.clients.Generation.deltas",
-    "edge.endpoints.message_output.MessageEvents.delta",
-    "edge.endpoints.message_output.MessageEvents._block",
-    "edge.endpoints.message_output.MessageEvents.end",
-    "edge.endpoints.message_output.MessageEvents._close",
-    "edge.endpoints.message_output.MessageEvents.finish",
+    "edge.endpoints.messages.MessageEvents.delta",
+    "edge.endpoints.messages.MessageEvents._block",
+    "edge.endpoints.messages.MessageEvents.end",
+    "edge.endpoints.messages.MessageEvents._close",
+    "edge.endpoints.messages.MessageEvents.finish",
 ]
 # A follow-up of a stored Response: the stored conversation read, the generation, the new Response stored.
 RESPONSES = [
