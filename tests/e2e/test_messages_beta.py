@@ -94,6 +94,19 @@ def test_beta_stream_takes_claude_codes_fields(claude: anthropic.Anthropic, http
     assert "".join(p["delta"].get("text", "") for p in payloads if p["type"] == "content_block_delta") == "Hello."
 
 
+def test_claude_codes_max_tokens_is_cut_to_a_small_models_room(claude: anthropic.Anthropic, http: httpx.Client) -> None:
+    """Claude Code asks 32,000 tokens of every model; `ft-echo` has 256 of context: the Messages API serves the
+    request within what the prompt leaves, where chat completions refuse the same `max_tokens`."""
+    message = claude.messages.create(model="ft-echo", max_tokens=32000, messages=[{"role": "user", "content": "hi"}])
+    assert 0 < message.usage.output_tokens <= 256 - message.usage.input_tokens
+    chat = http.post("/v1/chat/completions", json={"model": "ft-echo", "max_tokens": 32000,
+                                                   "messages": [{"role": "user", "content": "hi"}]})
+    assert chat.status_code == 400 and chat.json()["error"]["param"] == "max_tokens"
+    with pytest.raises(anthropic.BadRequestError):  # a prompt that leaves no room is still refused
+        claude.messages.create(model="ft-echo", max_tokens=32000,
+                               messages=[{"role": "user", "content": " hello" * 400}])
+
+
 def test_anthropics_client_tool_is_called_by_the_name_the_request_gives(claude: anthropic.Anthropic) -> None:
     call = '<tool_call>{"name": "bash", "arguments": {"command": "pwd"}}</tool_call>'
     message = claude.beta.messages.create(model=ECHO, max_tokens=128, betas=BETAS, messages=turns(call),
