@@ -19,7 +19,7 @@ import pytest
 from launcher.stack import DEMO_LLMS
 from services.common.server import RunningService
 from tests.support.events import events_offset, read_events
-from tests.support.llm_service import llm_service, llm_stub
+from tests.support.llm_service import llm_service
 from tests.support.ports import wait_until
 from tritongate.llm.v1 import llm_pb2, llm_pb2_grpc
 from tritongate.wire import REQUEST_ID_KEY
@@ -50,12 +50,6 @@ async def service(model_config_file: Path, tmp_path_factory: pytest.TempPathFact
     config["model_infos"] += [{"name": name, "max_len": 256} for name in ("ft-echo-no-hosted", "ft-echo-capped")]
     async with llm_service(config, folder) as running:
         yield running
-
-
-@pytest.fixture
-async def stub(service: RunningService) -> AsyncIterator[llm_pb2_grpc.LlmServiceStub]:
-    async with llm_stub(service) as stub:
-        yield stub
 
 
 async def generate(stub: llm_pb2_grpc.LlmServiceStub, request: llm_pb2.GenerateRequest, request_id: str = ""

@@ -40,12 +40,6 @@ async def service(model_config_file: Path, tmp_path_factory: pytest.TempPathFact
         yield running
 
 
-@pytest.fixture
-async def stub(service: RunningService) -> AsyncIterator[llm_pb2_grpc.LlmServiceStub]:
-    async with llm_stub(service) as stub:
-        yield stub
-
-
 def completion(model: str, prompt: str, **fields: Any) -> llm_pb2.GenerateRequest:
     return llm_pb2.GenerateRequest(model=model, prompts=llm_pb2.Prompts(prompts=[llm_pb2.Prompt(text=prompt)]),
                                    **fields)

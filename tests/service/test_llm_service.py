@@ -14,7 +14,7 @@ import pytest
 
 from launcher.stack import DEMO_LLMS
 from services.common.server import RunningService
-from tests.support.llm_service import llm_service, llm_stub
+from tests.support.llm_service import llm_service
 from tests.support.ports import wait_until
 from tritongate.common.v1 import common_pb2
 from tritongate.llm.v1 import llm_pb2, llm_pb2_grpc
@@ -57,12 +57,6 @@ async def service(model_config_file: Path, tokenizer: Any, tmp_path_factory: pyt
     config["model_infos"].append({"name": "ft-echo-capped", "max_len": 256, "max_completion_tokens": 5})
     async with llm_service(config, folder) as running:
         yield running
-
-
-@pytest.fixture
-async def stub(service: RunningService) -> AsyncIterator[llm_pb2_grpc.LlmServiceStub]:
-    async with llm_stub(service) as stub:
-        yield stub
 
 
 def completion(model: str, *prompts: str | list[int], **fields: Any) -> llm_pb2.GenerateRequest:
