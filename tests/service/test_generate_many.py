@@ -25,8 +25,9 @@ from tritongate.llm.v1 import llm_pb2, llm_pb2_grpc
 
 Events = dict[int, list[llm_pb2.GenerateEvent]]
 
-# The llm service's own tests' fixtures: the service on the session's Triton, a stub on it, its tokenizer.
-service, stub, tokenizer = llm.service, llm.stub, llm.tokenizer
+# The llm service's own tests' fixtures: the service on the session's Triton and its tokenizer (the stub on
+# it comes from tests/service/conftest.py).
+service, tokenizer = llm.service, llm.tokenizer
 
 
 class Stream:
