@@ -5,6 +5,7 @@ No GPU is needed: torch's answers are monkeypatched, and the `meta` device stand
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -13,7 +14,8 @@ import torch
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from tritongate.demo_models.device import choose_device, choose_dtype, placement
+from tritongate.demo_models import device
+from tritongate.demo_models.device import choose_device, choose_dtype, cpu_has_bf16, placement
 from tritongate.demo_models.llm_batch import Batch
 from tritongate.demo_models.llm_core import Owner, Sequence
 from tritongate.demo_models.llm_sampling import Sampling
@@ -48,8 +50,9 @@ def test_a_device_that_cannot_be_used_is_refused(setting: str, cuda: bool, messa
 
 
 @pytest.mark.parametrize(("setting", "device", "bf16", "dtype"), [
-    ("auto", "cpu", False, "bfloat16"),  # the CPU keeps its dtype
-    ("", "cpu", True, "bfloat16"),
+    ("auto", "cpu", False, "float32"),  # a CPU without bfloat16 arithmetic: float32
+    ("", "cpu", True, "bfloat16"),  # one with it keeps the stored dtype
+    ("bfloat16", "cpu", False, "bfloat16"),
     ("auto", "cuda", True, "bfloat16"),
     ("auto", "cuda:1", False, "float16"),  # a GPU without bfloat16
     ("bfloat16", "cuda", False, "bfloat16"),  # asked for: as asked
@@ -66,7 +69,17 @@ def test_the_encoder_dtype_and_a_bad_dtype() -> None:
         choose_dtype("fp8", "cuda", cpu="float32", cuda="float16")
 
 
+def test_the_cpus_bfloat16_comes_from_its_flags(tmp_path: Path) -> None:
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx2 fma\n")
+    assert not cpu_has_bf16(str(cpuinfo))
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16 amx_tile\n")
+    assert cpu_has_bf16(str(cpuinfo))
+    assert not cpu_has_bf16(str(tmp_path / "absent"))
+
+
 def test_placement_asks_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(device, "cpu_has_bf16", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert placement({"device": "auto", "dtype": "auto"}, cpu_dtype="bfloat16", cuda_dtype="bfloat16") == \
         (torch.device("cpu"), torch.bfloat16)
@@ -107,23 +120,24 @@ class _Model:
 def test_the_batch_feeds_the_model_and_indexes_its_cache_on_the_models_device() -> None:
     """The meta device stands in for a GPU: a tensor made on the CPU by mistake would show here (and mixing
     it with the cache's meta tensors would fail)."""
-    config = SimpleNamespace(num_hidden_layers=2)
-    cache_class: Any = lambda ddp_cache_data, config: SimpleNamespace(  # noqa: E731
-        layers=[SimpleNamespace(keys=k, values=v) for k, v in ddp_cache_data],
-        get_seq_length=lambda: ddp_cache_data[0][0].shape[-2])
+    from transformers import DynamicCache
+    from transformers.models.llama import LlamaConfig
+
+    config = LlamaConfig(num_hidden_layers=2, num_attention_heads=3, num_key_value_heads=3, hidden_size=12)
     meta = torch.device("meta")
 
     def cache(length: int) -> Any:
-        return cache_class([(torch.zeros(1, 3, length, 4, device=meta),) * 2 for _ in range(2)], config)
+        return DynamicCache([(torch.zeros(1, 3, length, 4, device=meta),) * 2 for _ in range(2)], config=config)
 
-    batch = Batch(torch, cache_class, config, meta)
+    batch = Batch(torch, DynamicCache, config, meta, rows=3)
     for prompt in ([1, 2, 3], [4, 5]):
         batch.add(Sequence(prompt, Sampling(max_new_tokens=4), Owner()), cache(len(prompt)))
     model = _Model()
     logits = batch.step(model)
-    assert logits.shape == (2, 8) and logits.device.type == "cpu"  # tokens are chosen on the CPU
+    assert logits.shape == (3, 8) and logits.device.type == "cpu"  # tokens are chosen on the CPU
     assert model.inputs["input_ids"].device == meta and model.inputs["position_ids"].device == meta
-    assert model.inputs["row_starts"] == [0, 1]  # the shorter prompt is left-padded by one
-    batch.keep([1])  # the cache is indexed on its own device
-    assert batch.cache.layers[0].keys.device == meta and batch.cache.layers[0].keys.shape == (1, 3, 2, 4)
-    assert batch.pads == [0]
+    assert model.inputs["row_starts"] == [0, 1, None]  # the shorter prompt is left-padded by one; a free row
+    batch.copy([1], [0])  # a beam taking over another's keys and values, on their device
+    batch.drop([0])  # the padding no row needs goes
+    assert batch.cache.layers[0].keys.device == meta and batch.cache.layers[0].keys.shape == (3, 3, 2, 4)
+    assert batch.starts == [None, 0, None]

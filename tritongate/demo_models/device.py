@@ -2,9 +2,12 @@
 
 `device` is `auto` (CUDA when torch sees a GPU, else the CPU), `cpu`, `cuda` or `cuda:N`; a Triton
 instance of kind KIND_GPU runs on its own GPU (`cuda:<model_instance_device_id>`) unless `device` names
-one. `dtype` is `auto` (the model's CPU dtype on the CPU; on CUDA its GPU dtype, bfloat16 falling back to
-float16 where the GPU has no bfloat16), `float32`, `bfloat16` or `float16`. Without the parameters a model
-runs on the CPU in its CPU dtype, as it always has.
+one. `dtype` is `auto` (the model's CPU dtype on the CPU, bfloat16 falling back to float32 where the CPU has
+no bfloat16 arithmetic; on CUDA its GPU dtype, bfloat16 falling back to float16 where the GPU has none),
+`float32`, `bfloat16` or `float16`. Without the parameters a model runs on the CPU in its CPU dtype.
+
+A CPU without bfloat16 instructions (avx512_bf16 or AMX on x86) converts every bfloat16 weight to float32
+to multiply it: a prompt's prefill is about 5 times slower there than in float32.
 
 The choice is pure (`choose_device`, `choose_dtype`); `placement` asks torch. Standard library only at
 import: this runs inside Triton's Python backend (see llm_core).
@@ -34,12 +37,14 @@ def choose_device(setting: str, cuda_available: bool, gpu_instance: int | None =
 
 
 def choose_dtype(setting: str, device: str, *, cpu: str, cuda: str, bf16_supported: bool = True) -> str:
-    """The torch dtype name for a `dtype` parameter ("" means auto): `cpu` on the CPU, `cuda` on a GPU."""
+    """The torch dtype name for a `dtype` parameter ("" means auto): `cpu` on the CPU, `cuda` on a GPU.
+    `bf16_supported`: whether the device computes in bfloat16 natively."""
     name = (setting or "auto").strip().lower()
     if name == "auto":
         name = cpu if device == "cpu" else cuda
-        if name == "bfloat16" and device != "cpu" and not bf16_supported:
-            name = "float16"  # e.g. a V100 or T4: bfloat16 would be emulated
+        if name == "bfloat16" and not bf16_supported:
+            # emulated: a CPU without avx512_bf16 or AMX, a V100 or T4
+            name = "float32" if device == "cpu" else "float16"
     if name not in DTYPES:
         raise ValueError(f"parameter 'dtype' must be auto, {', '.join(DTYPES)}, got {setting!r}")
     return name
@@ -53,6 +58,21 @@ def placement(parameters: dict[str, str], *, cpu_dtype: str, cuda_dtype: str,
     args = args or {}
     gpu_instance = int(args["model_instance_device_id"]) if args.get("model_instance_kind") == "GPU" else None
     device = choose_device(parameters.get("device", ""), torch.cuda.is_available(), gpu_instance)
-    bf16 = device == "cpu" or torch.cuda.is_bf16_supported()
+    bf16 = cpu_has_bf16() if device == "cpu" else torch.cuda.is_bf16_supported()
     dtype = choose_dtype(parameters.get("dtype", ""), device, cpu=cpu_dtype, cuda=cuda_dtype, bf16_supported=bf16)
     return torch.device(device), getattr(torch, dtype)
+
+
+# /proc/cpuinfo flags of a CPU that computes in bfloat16 (x86: AVX512-BF16, AMX); elsewhere None: unknown
+BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def cpu_has_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether the CPU has bfloat16 arithmetic (on Linux, from its flags; False where they cannot be read,
+    so the CPU runs the always fast float32)."""
+    try:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as file:
+            flags = next((line.split(":", 1)[1].split() for line in file if line.startswith(("flags", "Features"))), [])
+    except OSError:
+        return False
+    return any(flag in flags for flag in (*BF16_FLAGS, "bf16"))  # "bf16": arm64's Features

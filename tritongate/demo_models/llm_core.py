@@ -6,25 +6,23 @@ interface, and the TensorRT-LLM, TensorRT-LLM ensemble and vLLM ones in `deploy/
 differ only in their interface; each `model.py` parses its request into a `Sampling` and prompt token
 ids, submits `Sequence`s to its `Engine` and writes the responses from an `Owner`'s callbacks.
 
-The engine owns the weights, the batching, the sampling, the stopping rules shared by the backends
-(end ids, stop words as token sequences, length) and the cancellation checks; the running batch and its
-attention are in llm_batch.py, how a token is chosen (`Sampling`) in llm_sampling.py. Each Triton model
-instance is its own Python-backend stub process, so each instance loads the weights once (about 270 MB
-in bfloat16); nothing is shared between models or instances.
+The engine owns the weights, the batching, the sampling, beam search, the stopping rules shared by the
+backends (end ids, stop words as token sequences, length) and the cancellation checks; the running batch
+and its attention are in llm_batch.py, how a token is chosen (`Sampling`) in llm_sampling.py, beam search
+in llm_beams.py. Each Triton model instance is its own Python-backend stub process, so each instance
+loads the weights once (about 540 MB in float32); nothing is shared between models or instances.
 
 Scheduling: one worker thread owns the model. A new sequence's prompt is prefilled on its own, in chunks
-of `prefill_chunk` tokens interleaved with decoding steps, then the sequence joins the running batch:
-every decoding step runs all active sequences as one batch (left-padded KV cache), which on this
-memory-bound CPU model costs little more than a single sequence. At most `max_active` sequences run
-together; more wait in a queue.
+of `prefill_chunk` tokens interleaved with decoding steps, then the sequence joins the running batch
+(a beam search: its `beam_width` beams): every decoding step runs the batch's `max_active` rows at once,
+which on this memory-bound CPU model costs little more than a single row. A sequence takes one row, a
+beam search one per beam; more wait in a queue.
 
 A sequence's numbers do not depend on what it is batched with, so a greedy text is the same alone and
-under load: each row's attention runs on its own keys and values (`row_attention`), exactly as for a
-sequence decoded alone, not on the padded batch with a mask (the kernel, the reduction length and order
-would change with the padding); the bfloat16 matrix products compute every row the same whatever the
-number of rows. (float32's do not: its matrix-vector and matrix-matrix kernels round differently, so a
-near-tie greedy choice can differ alone and batched. On a GPU, whose kernels depend on the shapes, this
-is not promised either.)
+under load: every step computes all the batch's rows, used or not, so every matrix product has the same
+shape whatever the load, and each row's attention runs on its own keys and values (llm_batch.py). The
+price is that one sequence alone costs a step of `max_active` rows. (On a GPU, whose kernels may
+depend on more than the shapes, this is not promised.)
 
 Devices: the weights, the KV cache and every tensor fed to the model live on `Engine.device`; the
 last-position logits come back to the CPU once per step, and choosing the tokens (penalties, grammar
@@ -50,6 +48,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tritongate.demo_models.llm_batch import Batch, row_attention
+from tritongate.demo_models.llm_beams import BeamSearch
 from tritongate.demo_models.llm_sampling import Sampling, choose
 
 # The weights: the folder `tritongate models fetch` writes under $TRITONGATE_MODELS_DIR.
@@ -87,6 +86,10 @@ class Owner:
     def on_error(self, seq: Sequence, message: str) -> None:
         """Generating `seq` failed."""
 
+    def on_beams(self, search: BeamSearch) -> None:
+        """A beam search step of `search.request` (its beams: `search.best()`); the last when `search.done`."""
+        raise NotImplementedError
+
 
 class Sequence:
     """One generation: its prompt, how to sample, its owner and what it has produced so far."""
@@ -104,6 +107,25 @@ class Sequence:
         self.cache: Any = None  # its own KV cache while its prompt is prefilled
         self.counts: Counter[int] = Counter()  # generated tokens, for the presence/frequency penalties
         self.matcher: Any = None  # its place in sampling.grammar (guided.Matcher), made on the worker thread
+        self.search: BeamSearch | None = None  # the beam search this sequence is a beam of
+
+    def fork(self, token: int, logprob: float) -> Sequence:
+        """A beam continuing this sequence with `token`, of log-probability `logprob`."""
+        beam = Sequence(self.prompt, self.sampling, self.owner, self.index)
+        beam.tokens, beam.logprobs = [*self.tokens, token], [*self.logprobs, logprob]
+        beam.counts = self.counts + Counter([token])
+        beam.search = self.search
+        return beam
+
+    @property
+    def request(self) -> Sequence:
+        """The sequence its owner submitted: itself, or the request a beam belongs to."""
+        return self if self.search is None else self.search.request
+
+    @property
+    def rows(self) -> int:
+        """The batch rows it takes: one per beam."""
+        return max(self.sampling.beam_width, 1)
 
     @property
     def generated(self) -> int:
@@ -130,9 +152,9 @@ class EngineOptions:
     """Where an engine runs and how much it runs at once."""
 
     device: Any = "cpu"  # a torch device or its name
-    dtype: Any = "bfloat16"  # a torch dtype or its name
+    dtype: Any = "float32"  # a torch dtype or its name
     torch_threads: int = 1
-    max_active: int = 8  # sequences generated together; more wait in a queue
+    max_active: int = 4  # rows decoded together (a sequence takes one, a beam search one per beam)
     prefill_chunk: int = 256  # prompt tokens prefilled at a time, between decoding steps
 
     @classmethod
@@ -145,7 +167,7 @@ class EngineOptions:
         return cls(
             device, dtype,
             torch_threads=int(parameters.get("torch_threads") or 1),
-            max_active=int(parameters.get("max_active_requests") or 8),
+            max_active=int(parameters.get("max_active_requests") or 4),
             prefill_chunk=int(parameters.get("prefill_chunk_tokens") or 256),
         )
 
@@ -189,7 +211,8 @@ class Engine:
         self.grammars = GrammarCompiler(path, self.vocab_size)
         self.pending: queue.Queue[Sequence | None] = queue.Queue()
         self.prefilling: list[Sequence] = []  # admitted, prompt not fully processed yet
-        self.batch = Batch(torch, DynamicCache, self.model.config, self.device)
+        self.batch = Batch(torch, DynamicCache, self.model.config, self.device, rows=self.max_active)
+        self.held: Sequence | None = None  # taken from the queue, waiting for free rows
         self.stopping = threading.Event()
         self.worker = threading.Thread(target=self._work, name=f"{name}-worker", daemon=True)
         self.worker.start()
@@ -222,29 +245,42 @@ class Engine:
                     self._drop_aborted()
                     if self.prefilling:
                         self._prefill_chunk()
-                    if self.batch.seqs:
+                    if self.batch.used():
                         self._decode_step()
                 except Exception as exc:  # never let the worker die: fail what is running
-                    self._fail(self.batch.seqs + self.prefilling, exc)
-                    self.batch.keep([])
+                    self._fail([seq for _, seq in self.batch.used()] + self.prefilling, exc)
+                    self.batch.drop([row for row, _ in self.batch.used()])
                     self.prefilling = []
-        for seq in self.batch.seqs + self.prefilling + self._drain():  # unloading: end every stream
-            _quietly(seq.owner.on_abort, seq, "unloading")
+        held = [self.held] if self.held is not None else []
+        for seq in _requests([seq for _, seq in self.batch.used()] + self.prefilling + held + self._drain()):
+            _quietly(seq.owner.on_abort, seq, "unloading")  # unloading: end every stream
 
     def _admit(self) -> None:
-        """Take queued sequences while there is room; wait for one when nothing runs."""
-        while len(self.batch.seqs) + len(self.prefilling) < self.max_active:
-            idle = not self.batch.seqs and not self.prefilling
-            try:
-                seq = self.pending.get(block=idle, timeout=1.0)
-            except queue.Empty:
-                return
-            if seq is None or self.stopping.is_set():
-                if seq is not None:
-                    self.pending.put(seq)  # ended by close()
-                return
+        """Take queued sequences while their rows are free; wait for one when nothing runs."""
+        while True:
+            if self.held is None:
+                idle = not self.batch.used() and not self.prefilling
+                try:
+                    seq = self.pending.get(block=idle, timeout=1.0)
+                except queue.Empty:
+                    return
+                if seq is None or self.stopping.is_set():
+                    if seq is not None:
+                        self.pending.put(seq)  # ended by close()
+                    return
+                self.held = seq
+            seq = self.held
             if self._aborted(seq):
+                self.held = None
                 continue
+            if seq.rows > self.batch.rows:
+                self.held = None
+                self._fail([seq], RequestError(f"beam_width {seq.rows} exceeds the {self.batch.rows} sequences "
+                                               "this model decodes together (max_active_requests)"))
+                continue
+            if seq.rows > self.batch.free() - sum(waiting.rows for waiting in self.prefilling):
+                return  # it waits for rows to free up, ahead of the queue
+            self.held = None
             seed = seq.sampling.seed
             if seed is None:
                 seed = int.from_bytes(os.urandom(8), "little")
@@ -259,8 +295,8 @@ class Engine:
 
     def _prefill_chunk(self) -> None:
         """Run the next `prefill_chunk` prompt tokens of the oldest new sequence, so that a long prompt
-        does not stall the running streams; after its last chunk, choose its first token and let it
-        join the batch."""
+        does not stall the running streams; after its last chunk, choose its first token (or start its
+        beams) and let it join the batch."""
         seq = self.prefilling[0]
         try:
             done = seq.cache.get_seq_length()
@@ -271,23 +307,56 @@ class Engine:
                 return
             self.prefilling.pop(0)
             cache, seq.cache = seq.cache, None
-            if not self._advance(seq, out.logits[0, -1].float().cpu()):
+            logits = out.logits[0, -1].float().cpu()
+            if seq.sampling.beam_width > 1:
+                self._start_beams(seq, logits, cache)
+            elif not self._advance(seq, logits):
                 self.batch.add(seq, cache)
         except Exception as exc:
             if seq in self.prefilling:
                 self.prefilling.remove(seq)
             self._fail([seq], exc)
 
+    def _start_beams(self, seq: Sequence, logits: Any, cache: Any) -> None:
+        seq.search = BeamSearch(seq)
+        beams = seq.search.start(self.torch, logits)
+        seq.owner.on_beams(seq.search)
+        if not seq.search.done:
+            for beam in beams:
+                self.batch.add(beam, cache)
+
     def _decode_step(self) -> None:
         logits = self.batch.step(self.model)
-        running = []
-        for row, seq in enumerate(self.batch.seqs):
+        ended: list[int] = []
+        searches: dict[int, BeamSearch] = {}
+        for row, seq in self.batch.used():
+            if seq.search is not None:
+                searches[id(seq.search)] = seq.search
+                continue
             try:
-                if not self._advance(seq, logits[row]):
-                    running.append(row)
+                if self._advance(seq, logits[row]):
+                    ended.append(row)
             except Exception as exc:
                 self._fail([seq], exc)
-        self.batch.keep(running)
+                ended.append(row)
+        for search in searches.values():
+            rows = [self.batch.seqs.index(beam) for beam in search.beams]
+            try:
+                ended += self._step_beams(search, rows, logits)
+            except Exception as exc:
+                self._fail([search.request], exc)
+                ended += rows
+        self.batch.drop(ended)
+
+    def _step_beams(self, search: BeamSearch, rows: list[int], logits: Any) -> list[int]:
+        """One step of a beam search whose beams are in `rows`; returns the rows it no longer needs."""
+        parents = search.step(self.torch, logits[rows])
+        if not search.done:  # each new beam takes over the keys and values of the beam it continues
+            self.batch.copy(rows, [rows[parent] for parent in parents])
+            for row, beam in zip(rows, search.beams, strict=True):
+                self.batch.seqs[row] = beam
+        search.request.owner.on_beams(search)
+        return rows if search.done else []
 
     def _advance(self, seq: Sequence, logits: Any) -> bool:
         """Choose `seq`'s next token and hand it to its owner; True if the sequence ended."""
@@ -307,7 +376,9 @@ class Engine:
 
     def _drop_aborted(self) -> None:
         self.prefilling = [seq for seq in self.prefilling if not self._aborted(seq)]
-        self.batch.keep([i for i, seq in enumerate(self.batch.seqs) if not self._aborted(seq)])
+        used = self.batch.used()
+        gone = {id(request) for request in _requests([seq for _, seq in used]) if self._aborted(request)}
+        self.batch.drop([row for row, seq in used if id(seq.request) in gone])
 
     def _aborted(self, seq: Sequence) -> bool:
         why = seq.owner.aborted()
@@ -320,8 +391,9 @@ class Engine:
 
     def _fail(self, seqs: list[Sequence], exc: Exception) -> None:
         self.log(f"{self.name}: generation failed: {exc!r}")
-        for seq in list(seqs):
-            _quietly(seq.owner.on_error, seq, repr(exc))
+        message = str(exc) if isinstance(exc, RequestError) else repr(exc)
+        for seq in _requests(seqs):
+            _quietly(seq.owner.on_error, seq, message)
 
     def _drain(self) -> list[Sequence]:
         seqs: list[Sequence] = []
@@ -332,6 +404,11 @@ class Engine:
                 return seqs
             if seq is not None:
                 seqs.append(seq)
+
+
+def _requests(seqs: list[Sequence]) -> list[Sequence]:
+    """The requests `seqs` belong to (a beam search's beams: its request), each once, in order."""
+    return list({id(seq.request): seq.request for seq in seqs}.values())
 
 
 def _ends_with_any(tokens: list[int], start: int, words: list[list[int]]) -> bool:

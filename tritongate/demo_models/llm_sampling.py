@@ -37,12 +37,34 @@ class Sampling:
     logprobs: bool = False  # record each token's log-probability and rank (1 = the most likely)
     top_logprobs: int = 0  # and this many most likely alternatives (needs logprobs)
     grammar: Any = None  # a compiled guide (Engine.compile_guide) every token must fit; None: free text
+    beam_width: int = 1  # > 1: beam search (llm_beams.py) instead of greedy or sampled choice
+    length_penalty: float = 0.0  # beam search: a hypothesis scores its log-probability / length ** this
 
 
 def choose(torch: Any, logits: Any, seq: Sequence) -> int:
     """`seq`'s next token from the model's last-position `logits` [vocab], under its sampling: penalties,
     bans, its grammar, then greedy or sampled; records its log-probabilities when asked. `logits` are on
     the CPU, so every tensor made here is too."""
+    s = seq.sampling
+    logits = adjust(torch, logits, seq)
+    if s.greedy:
+        token = int(torch.argmax(logits))
+    else:
+        logits = logits / s.temperature
+        token = _sample(torch, logits, s, seq.generator)
+    if s.logprobs:  # after penalties and temperature, before top-k/top-p/min-p
+        log_probs = torch.log_softmax(logits, dim=-1)
+        seq.logprobs.append(float(log_probs[token]))
+        seq.ranks.append(int((log_probs > log_probs[token]).sum()) + 1)
+        if s.top_logprobs:
+            values, ids = torch.topk(log_probs, s.top_logprobs)
+            seq.top.append([(int(i), float(v)) for i, v in zip(ids, values, strict=True)])
+    return token
+
+
+def adjust(torch: Any, logits: Any, seq: Sequence) -> Any:
+    """`logits` after `seq`'s penalties, bias, bans and grammar: what greedy, sampled and beam choices
+    start from."""
     s, tokens = seq.sampling, seq.tokens
     if s.bias is not None:
         logits = logits + torch.from_numpy(s.bias)
@@ -68,19 +90,7 @@ def choose(torch: Any, logits: Any, seq: Sequence) -> int:
                 logits[end] = float("-inf")
     if seq.matcher is not None:  # last: nothing after it may allow a token the grammar forbids
         logits = seq.matcher.mask(logits)
-    if s.greedy:
-        token = int(torch.argmax(logits))
-    else:
-        logits = logits / s.temperature
-        token = _sample(torch, logits, s, seq.generator)
-    if s.logprobs:  # after penalties and temperature, before top-k/top-p/min-p
-        log_probs = torch.log_softmax(logits, dim=-1)
-        seq.logprobs.append(float(log_probs[token]))
-        seq.ranks.append(int((log_probs > log_probs[token]).sum()) + 1)
-        if s.top_logprobs:
-            values, ids = torch.topk(log_probs, s.top_logprobs)
-            seq.top.append([(int(i), float(v)) for i, v in zip(ids, values, strict=True)])
-    return token
+    return logits
 
 
 def _sample(torch: Any, logits: Any, s: Sampling, generator: Any) -> int:

@@ -22,8 +22,15 @@ postprocessing (output ids → text), as the real ensemble runs the `tensorrt_ll
   `return_num_input_tokens` / `return_num_output_tokens`: [1, 1] INT32, the latter counting every id in
   this response's `output_ids` (the prompt too, when it is there).
 - Sampling: greedy unless `runtime_top_k` > 1 or `runtime_top_p` > 0 (with `temperature` > 0); the seed
-  defaults to 0. Beam search is not supported (`beam_width` must be 1); `len_penalty`, `early_stopping`,
-  `beam_search_diversity_rate`, `pad_id` and the `runtime_top_p_*` decay inputs are accepted and ignored.
+  defaults to 0. `early_stopping`, `beam_search_diversity_rate`, `pad_id` and the `runtime_top_p_*` decay
+  inputs are accepted and ignored.
+- Beam search: `beam_width` up to the model's `max_beam_width`, scored with `len_penalty` (default 0: the
+  cumulative log-probability; llm_beams.py). A batch item returns `num_return_sequences` beams (at most
+  `beam_width`; all of them when unset) in one response per step: `output_ids` [1, beams, longest] (shorter
+  beams padded with -1) and `sequence_length` [1, beams]. Streamed, each response holds every beam's
+  generated tokens so far (beam search may rewrite them), as TensorRT-LLM's returnAllGeneratedTokens does;
+  otherwise one response at the end, with the prompt unless `exclude_input_in_output`. The end id that
+  ended a beam is not in its output.
 - Cancellation (the client went away) and `stop` (a second request with the same request id and
   `stop` = true) end the generations; each ends with a last response, empty when streaming. Errors come
   back as one error response, as the backend's INTERNAL errors do.
@@ -38,6 +45,7 @@ from typing import Any
 
 import numpy as np
 
+from tritongate.demo_models.llm_beams import BeamSearch, beam_arrays
 from tritongate.demo_models.llm_core import Owner, RequestError, Sequence
 from tritongate.demo_models.llm_sampling import Sampling
 
@@ -98,10 +106,10 @@ class Item:
 
 
 def parse_items(inputs: Inputs, prompts: list[list[int]], *, end_id: int | None, exclude_input: bool,
-                vocab_size: int, max_positions: int, compile_guide: Callable[[str, str], Any] | None = None
-                ) -> list[Item]:
+                vocab_size: int, max_positions: int, compile_guide: Callable[[str, str], Any] | None = None,
+                max_beam_width: int = 1) -> list[Item]:
     """The request's batch items. `end_id` is the default end id (None: -1, no end id); `compile_guide`
-    makes a guided-decoding guide a grammar."""
+    makes a guided-decoding guide a grammar; `max_beam_width` is the model's parameter."""
     items = []
     for i, prompt in enumerate(prompts):
         max_new = inputs.scalar("request_output_len", i, None, int)
@@ -118,11 +126,12 @@ def parse_items(inputs: Inputs, prompts: list[list[int]], *, end_id: int | None,
             if inputs.scalar(name, i, False, bool):
                 raise RequestError(f"{name}: not supported by this demo model")
         beam_width = inputs.scalar("beam_width", i, 1, int)
-        if beam_width != 1:
-            raise RequestError(f"beam_width={beam_width}: this demo model supports 1 only")
-        count = inputs.scalar("num_return_sequences", i, 1, int)
-        if count < 1:
-            raise RequestError(f"num_return_sequences must be at least 1, got {count}")
+        if not 1 <= beam_width <= max_beam_width:
+            raise RequestError(f"beam_width={beam_width}: this model's max_beam_width is {max_beam_width}")
+        count = inputs.scalar("num_return_sequences", i, beam_width, int)
+        if count < 1 or (beam_width > 1 and count > beam_width):
+            raise RequestError(f"num_return_sequences must be at least 1 (and at most beam_width with beam "
+                               f"search), got {count}")
         top_k = inputs.scalar("runtime_top_k", i, 0, int)
         top_p = inputs.scalar("runtime_top_p", i, 0.0, float)
         temperature = inputs.scalar("temperature", i, 1.0, float)
@@ -140,7 +149,10 @@ def parse_items(inputs: Inputs, prompts: list[list[int]], *, end_id: int | None,
             stop_words=_words(inputs, "stop_words_list", i), bad_words=_words(inputs, "bad_words_list", i),
             bias=_bias(inputs, i, vocab_size), logprobs=inputs.scalar("return_log_probs", i, False, bool),
             grammar=_grammar(inputs, i, compile_guide),
+            beam_width=beam_width, length_penalty=inputs.scalar("len_penalty", i, 0.0, float),
         )
+        if beam_width > 1 and sampling.grammar is not None:
+            raise RequestError("guided decoding cannot be combined with beam search (beam_width > 1)")
         items.append(Item(prompt, sampling, count, inputs.scalar("exclude_input_in_output", i, exclude_input, bool)))
     return items
 
@@ -188,7 +200,7 @@ class TrtllmRequest(Owner):
         self.slots: list[tuple[int, int]] = []  # per sequence: (batch index, sequence index)
         self.seqs: list[Sequence] = []
         for b, item in enumerate(items):
-            for k in range(item.num_return_sequences):
+            for k in range(1 if item.sampling.beam_width > 1 else item.num_return_sequences):
                 seed = None if item.sampling.seed is None else item.sampling.seed + k
                 sampling = dataclasses.replace(item.sampling, seed=seed)
                 self.seqs.append(Sequence(item.prompt, sampling, self, index=len(self.slots)))
@@ -233,6 +245,21 @@ class TrtllmRequest(Owner):
         else:
             self._respond_whole(seq, None)
 
+    def on_beams(self, search: BeamSearch) -> None:
+        seq, s = search.request, search.request.sampling
+        item = self.items[self.slots[seq.index][0]]
+        if not self.streaming and not search.done:
+            return
+        prompt = [] if self.streaming or item.exclude_input else seq.prompt
+        arrays = beam_arrays(search.best(), item.num_return_sequences, prefix=prompt, keep_end=False,
+                             end_ids=s.end_ids, pad=-1)
+        outputs = {"output_ids": arrays["output_ids"].astype(np.int32),
+                   "sequence_length": arrays["sequence_length"].astype(np.int32)}
+        if s.logprobs:
+            outputs["output_log_probs"] = arrays["output_log_probs"]
+            outputs["cum_log_probs"] = arrays["cum_log_probs"]
+        self._send(seq, outputs, final=search.done)
+
     def on_error(self, seq: Sequence, message: str) -> None:
         with self.lock:
             if self.failed:
@@ -251,7 +278,6 @@ class TrtllmRequest(Owner):
 
     def _respond(self, seq: Sequence, start: int, count: int, final: bool, prompt: int = 0) -> None:
         """Respond with generated tokens [start, start + count), after `prompt` prompt tokens."""
-        batch_index, sequence_index = self.slots[seq.index]
         generated = seq.new_tokens()[start:start + count]
         ids = seq.prompt[:prompt] + generated
         outputs: dict[str, np.ndarray] = {
@@ -262,14 +288,19 @@ class TrtllmRequest(Owner):
             log_probs = seq.logprobs[start:start + count]
             outputs["output_log_probs"] = np.array(log_probs, dtype=np.float32).reshape(1, 1, len(log_probs))
             outputs["cum_log_probs"] = np.array([[sum(seq.logprobs[:start + count])]], dtype=np.float32)
+        if self.return_num_output_tokens:
+            outputs["num_output_tokens"] = np.array([[len(ids)]], dtype=np.int32)
+        self._send(seq, outputs, final)
+
+    def _send(self, seq: Sequence, outputs: dict[str, np.ndarray], final: bool) -> None:
+        """Add the outputs every response may carry and send it; `final`: `seq`'s last."""
+        batch_index, sequence_index = self.slots[seq.index]
         if len(self.items) > 1:
             outputs["batch_index"] = np.array([[batch_index]], dtype=np.int32)
-        if self.items[batch_index].num_return_sequences > 1:
+        if self.items[batch_index].num_return_sequences > 1 and seq.sampling.beam_width == 1:
             outputs["sequence_index"] = np.array([[sequence_index]], dtype=np.int32)
         if self.return_num_input_tokens:
             outputs["num_input_tokens"] = np.array([[len(seq.prompt)]], dtype=np.int32)
-        if self.return_num_output_tokens:
-            outputs["num_output_tokens"] = np.array([[len(ids)]], dtype=np.int32)
         last = False
         if final:
             with self.lock:

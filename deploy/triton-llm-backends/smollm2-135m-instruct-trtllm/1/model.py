@@ -50,6 +50,7 @@ class TritonPythonModel:
             raise pb_utils.TritonModelException(f"{args['model_name']} must be decoupled")
         params = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
         self.exclude_input = params.get("exclude_input_in_output", "false").lower() in ("true", "1", "yes")
+        self.max_beam_width = int(params.get("max_beam_width") or 1)
         try:
             self.engine = load_engine(args["model_name"], params, pb_utils.Logger.log_info, args)
         except (RuntimeError, ValueError) as exc:  # no weights, or an unusable device or dtype
@@ -122,7 +123,7 @@ class TritonPythonModel:
                        for i in range(ids.shape[0])]
         items = parse_items(inputs, prompts, end_id=None, exclude_input=self.exclude_input,
                             vocab_size=self.engine.vocab_size, max_positions=self.engine.max_positions,
-                            compile_guide=self.engine.compile_guide)
+                            compile_guide=self.engine.compile_guide, max_beam_width=self.max_beam_width)
         return Request(
             self, request, items, streaming=bool(inputs.scalar("streaming", 0, False, bool)),
             request_id=request.request_id(),

@@ -21,9 +21,15 @@ FINAL response.
 
 Semantics, as FT: the end id and stop words stay in the output and count in `sequence_length`
 (a stop word must lie within the generated tokens); no `random_seed` means seed 0; greedy unless
-`runtime_top_k` > 1 or `runtime_top_p` > 0 (and `temperature` > 0). Beam search is not supported
-(`beam_width` must be 1); `len_penalty`, `beam_search_diversity_rate` and `start_id` are accepted
-and ignored.
+`runtime_top_k` > 1 or `runtime_top_p` > 0 (and `temperature` > 0); `beam_search_diversity_rate` and
+`start_id` are accepted and ignored.
+
+Beam search, as FT: `beam_width` 2, 3 or 4 (up to the `max_beam_width` parameter; FT's other widths,
+8, 16 and 32, are more than this model decodes at once and are refused; any width FT does not know runs
+as 1, as FT does), scored by `len_penalty` (default 0: the cumulative log-probability). Every streamed
+response carries every beam's whole sequence so far, `output_ids` [1, beam_width, width] and
+`sequence_length` [1, beam_width], best first; the last (FINAL) one holds the search's result, best
+first, which may differ from the beams streamed before it.
 
 This file is the interface only; the generation (weights, batching, sampling, stopping,
 cancellation) is the engine every demo LLM shares, tritongate/demo_models/llm_core.py.
@@ -35,6 +41,7 @@ import json
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from tritongate.demo_models.llm_beams import beam_arrays
 from tritongate.demo_models.llm_core import Owner, RequestError, Sequence, load_engine
 from tritongate.demo_models.llm_sampling import Sampling
 
@@ -70,7 +77,10 @@ def _words(request, name):
     return words
 
 
-def parse(request, default_end_id, max_positions):
+FT_BEAM_WIDTHS = (1, 2, 3, 4, 8, 16, 32)  # ParallelGptTritonModelInstance.cc: any other width runs as 1
+
+
+def parse(request, default_end_id, max_positions, max_beam_width):
     """The request's prompt and Sampling, validated in execute() so that errors come back at once."""
     ids = pb_utils.get_input_tensor_by_name(request, "input_ids").as_numpy()
     if ids.ndim == 1:
@@ -87,8 +97,9 @@ def parse(request, default_end_id, max_positions):
             f"prompt ({len(prompt)}) + request_output_len ({max_new}) exceeds the model's {max_positions} positions"
         )
     beam_width = _scalar(request, "beam_width", 1, int)
-    if beam_width != 1:
-        raise RequestError(f"beam_width={beam_width}: this model supports 1 only")
+    beam_width = beam_width if beam_width in FT_BEAM_WIDTHS else 1
+    if beam_width > max_beam_width:
+        raise RequestError(f"beam_width={beam_width}: this model decodes at most {max_beam_width} beams")
     top_k = _scalar(request, "runtime_top_k", 0, int)
     top_p = _scalar(request, "runtime_top_p", 0.0, float)
     temperature = _scalar(request, "temperature", 1.0, float)
@@ -102,6 +113,7 @@ def parse(request, default_end_id, max_positions):
         end_ids=(_scalar(request, "end_id", default_end_id, int),),
         stop_words=_words(request, "stop_words_list"), bad_words=_words(request, "bad_words_list"),
         logprobs=_scalar(request, "is_return_log_probs", False, bool),
+        beam_width=beam_width, length_penalty=_scalar(request, "len_penalty", 0.0, float),
     )
     return prompt, sampling
 
@@ -125,6 +137,21 @@ class Request(Owner):
 
     def on_error(self, seq, message):
         self.sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(message)), flags=FINAL)
+
+    def on_beams(self, search):
+        seq, s = search.request, search.request.sampling
+        width = None if self.trim_output else len(seq.prompt) + s.max_new_tokens
+        arrays = beam_arrays(search.best(), s.beam_width, prefix=seq.prompt, keep_end=True, end_ids=s.end_ids,
+                             pad=s.end_ids[0] & 0xFFFFFFFF, width=width)
+        outputs = [
+            pb_utils.Tensor("output_ids", arrays["output_ids"].astype(np.uint32)),
+            pb_utils.Tensor("sequence_length", arrays["sequence_length"].astype(np.uint32)),
+            pb_utils.Tensor("response_input_lengths", np.full((1, s.beam_width), len(seq.prompt), dtype=np.int32)),
+        ]
+        if s.logprobs:
+            outputs.append(pb_utils.Tensor("output_log_probs", arrays["output_log_probs"][:, :, : s.max_new_tokens]))
+            outputs.append(pb_utils.Tensor("cum_log_probs", arrays["cum_log_probs"]))
+        self.sender.send(pb_utils.InferenceResponse(output_tensors=outputs), flags=FINAL if search.done else 0)
 
     def response(self, seq):
         s, tokens = seq.sampling, seq.tokens
@@ -152,6 +179,7 @@ class TritonPythonModel:
             raise pb_utils.TritonModelException(f"{self.name} must be decoupled")
         params = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
         self.trim_output = params.get("output_ids_width", "request") == "sequence"
+        self.max_beam_width = int(params.get("max_beam_width") or 1)
         try:
             self.engine = load_engine(self.name, params, pb_utils.Logger.log_info, args)
         except (RuntimeError, ValueError) as exc:  # no weights, or an unusable device or dtype
@@ -161,7 +189,8 @@ class TritonPythonModel:
         for request in requests:
             owner = Request(request, self.trim_output)
             try:
-                prompt, sampling = parse(request, self.engine.eos_id, self.engine.max_positions)
+                prompt, sampling = parse(request, self.engine.eos_id, self.engine.max_positions,
+                                         self.max_beam_width)
             except RequestError as exc:
                 owner.on_error(None, str(exc))
                 continue
