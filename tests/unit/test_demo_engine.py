@@ -17,6 +17,7 @@ from tests.support.stack import DEMO_LLM
 from tritongate.demo_models.llm_batch import Batch, row_attention
 from tritongate.demo_models.llm_beams import BeamSearch, Hypothesis, beam_arrays
 from tritongate.demo_models.llm_core import Engine, EngineOptions, Owner, Sequence
+from tritongate.demo_models.llm_linear import pack_linears
 from tritongate.demo_models.llm_sampling import Sampling
 
 PROMPTS = ["The capital of France is", "Once upon a time there was a small", "def fibonacci(n):", "1, 2, 3,"]
@@ -24,9 +25,12 @@ PROMPTS = ["The capital of France is", "Once upon a time there was a small", "de
 
 @pytest.fixture(scope="module")
 def model(models_dir: Path) -> Any:
+    """The model as the engine runs it (its matrix products packed where oneDNN is there)."""
     torch.set_num_threads(1)
-    return AutoModelForCausalLM.from_pretrained(models_dir / DEMO_LLM, dtype=torch.float32,
-                                                attn_implementation=row_attention()).eval()
+    model = AutoModelForCausalLM.from_pretrained(models_dir / DEMO_LLM, dtype=torch.float32,
+                                                 attn_implementation=row_attention()).eval()
+    pack_linears(model, 4)
+    return model
 
 
 @pytest.fixture(scope="module")
@@ -41,13 +45,15 @@ def _prompt(tokenizer: Any, text: str) -> list[int]:
     return list(tokenizer(text).input_ids)
 
 
-def test_a_rows_logits_are_bitwise_the_same_whatever_the_other_rows_hold(model: Any, tokenizer: Any) -> None:
-    """Each prompt decoded alone (row 0, three free rows), then all four together in another row order:
-    every step's logits of every row are identical bit for bit."""
+def test_a_rows_logits_are_bitwise_the_same_whatever_the_other_rows_hold(engine: Engine, model: Any,
+                                                                        tokenizer: Any) -> None:
+    """Each prompt decoded alone, then all four together in another row order, as the engine batches them
+    here (only the used rows, or always all four): every step's logits of every row are identical bit for
+    bit."""
     prompts = [_prompt(tokenizer, text) for text in PROMPTS]
 
     def decode(order: list[int], steps: int = 5) -> dict[int, list[torch.Tensor]]:
-        batch, logits = Batch(torch, DynamicCache, model.config, rows=4), {}
+        batch, logits = Batch(torch, DynamicCache, model.config, rows=4, fixed=engine.batch.fixed), {}
         with torch.inference_mode():
             for i in order:
                 cache = DynamicCache(config=model.config)

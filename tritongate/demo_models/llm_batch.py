@@ -1,19 +1,18 @@
-"""The running batch of a demo LLM's engine (tritongate/demo_models/llm_core.py): a fixed number of rows,
-each holding one sequence or nothing, their KV cache left-padded to a common length, and the attention
-that lets each row attend only to its own keys and values.
+"""The running batch of a demo LLM's engine (tritongate/demo_models/llm_core.py): up to `rows` rows, each
+holding one sequence or nothing, their KV cache left-padded to a common length, and the attention that
+lets each row attend only to its own keys and values.
 
 A sequence's numbers do not depend on what it is batched with:
 
-- every decoding step runs all `rows` rows, used or not, so every matrix product has the same shape
-  whatever the load (a float32 matrix kernel may round a row differently with a different number of rows;
-  with a constant shape each row's result depends on that row's inputs only, which
-  tests/unit/test_demo_engine.py checks bitwise on the real model);
 - each row's attention runs on its own keys and values (`row_attention`), from its first real position
   on, without a mask: the same call, on the same numbers, whatever the other rows hold or how they are
   padded. Free rows skip attention.
-
-The cost: a step computes `rows` rows even for one sequence. On a memory-bound CPU model a few rows cost
-little more than one (the weights are read once per step either way).
+- the matrix products: a float32 kernel may round a row differently with a different number of rows
+  (MKL's do). Where a row's result is the same whatever the number of rows (the packed oneDNN products of
+  llm_linear.py; `independent_of_width` checks it on the real model when the engine loads) a step runs
+  only the used rows, kept at the front (`fixed` False). Otherwise every step runs all `rows` rows, used
+  or not (`fixed` True): every product then has the same shape whatever the load, at the price of one
+  sequence alone costing a step of `rows` rows.
 
 The batch's keys and values live in buffers with room to grow (`buffered_cache`): a step writes its
 position in place, where transformers' DynamicCache would copy the whole cache of every layer.
@@ -24,6 +23,7 @@ Runs inside Triton's Python backend (see llm_core): torch and transformers are i
 from __future__ import annotations
 
 import functools
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -81,18 +81,20 @@ def _buffered_layer() -> Any:
             if not self.is_initialized:
                 self.lazy_initialization(key_states, value_states)
                 self.buffers: tuple[Any, Any] | None = None
-            length, new = self.get_seq_length(), key_states.shape[-2]
+            # a step may run only the first `rows` rows (Batch.fixed False): the others are free
+            length, new, rows = self.get_seq_length(), key_states.shape[-2], key_states.shape[0]
             if self.buffers is None or length + new > self.buffers[0].shape[-2]:
                 self.buffers = (self._grow(self.keys, key_states, length + new),
                                 self._grow(self.values, value_states, length + new))
-            self.buffers[0][:, :, length:length + new] = key_states
-            self.buffers[1][:, :, length:length + new] = value_states
+            self.buffers[0][:rows, :, length:length + new] = key_states
+            self.buffers[1][:rows, :, length:length + new] = value_states
             self.keys, self.values = self.buffers[0][:, :, :length + new], self.buffers[1][:, :, :length + new]
-            return self.keys, self.values
+            return self.keys[:rows], self.values[:rows]
 
         @staticmethod
         def _grow(old: Any, new: Any, length: int) -> Any:
             shape = list(new.shape)
+            shape[0] = old.shape[0] if old.numel() else shape[0]
             shape[-2] = length + SPARE_POSITIONS
             buffer = new.new_empty(shape)
             if old.numel():
@@ -106,11 +108,14 @@ class Batch:
     """`rows` rows, each a sequence or free (None), and their KV cache [rows, heads, length, dim].
 
     Row i's real keys and values start at `starts[i]` (left padding before); every decoding step appends
-    one position to every row. A free row's contents are never read.
+    one position to every row. A free row's contents are never read. `fixed` False: the used rows are kept
+    at the front and a step runs only them.
     """
 
-    def __init__(self, torch: Any, cache_class: Any, config: Any, device: Any = "cpu", rows: int = 1) -> None:
+    def __init__(self, torch: Any, cache_class: Any, config: Any, device: Any = "cpu", rows: int = 1,
+                 fixed: bool = True) -> None:
         self.torch, self.cache_class, self.config, self.device = torch, cache_class, config, device
+        self.fixed = fixed
         self.seqs: list[Sequence | None] = [None] * rows
         self.starts: list[int | None] = [None] * rows
         self.cache: Any = None
@@ -162,6 +167,14 @@ class Batch:
             return
         for row in rows:
             self.seqs[row], self.starts[row] = None, None
+        if not self.fixed and self.cache is not None:  # the last used rows fill the holes
+            used = [row for row, _ in self.used()]
+            holes = [row for row in range(len(used)) if self.seqs[row] is None]
+            movers = [row for row in used if row >= len(used)]
+            self.copy(holes, movers)
+            for hole, mover in zip(holes, movers, strict=True):
+                self.seqs[hole], self.starts[hole] = self.seqs[mover], self.starts[mover]
+                self.seqs[mover], self.starts[mover] = None, None
         starts = [start for start in self.starts if start is not None]
         if not starts:
             self.cache = None
@@ -173,14 +186,15 @@ class Batch:
             self.starts = [None if start is None else start - trim for start in self.starts]
 
     def step(self, model: Any) -> Any:
-        """One decoding step for every row; returns the last-position logits [rows, vocab] on the CPU (a free
+        """One decoding step; returns the last-position logits [rows run, vocab] on the CPU, by row (a free
         row's are meaningless)."""
         torch, length = self.torch, self.cache.get_seq_length()
-        input_ids = torch.tensor([[0 if seq is None else seq.tokens[-1]] for seq in self.seqs], device=self.device)
-        positions = torch.tensor([[0 if start is None else length - start] for start in self.starts],
-                                 device=self.device)
+        width = self.rows if self.fixed else max(row for row, _ in self.used()) + 1
+        seqs, starts = self.seqs[:width], self.starts[:width]
+        input_ids = torch.tensor([[0 if seq is None else seq.tokens[-1]] for seq in seqs], device=self.device)
+        positions = torch.tensor([[0 if start is None else length - start] for start in starts], device=self.device)
         out = model(input_ids=input_ids, position_ids=positions, past_key_values=self.cache, use_cache=True,
-                    row_starts=list(self.starts))
+                    row_starts=starts)
         return out.logits[:, -1].float().cpu()
 
     def _rows_of(self, tensor: Any) -> Any:
@@ -193,3 +207,22 @@ class Batch:
         shape = list(tensor.shape)
         shape[-2] = n
         return self.torch.cat([tensor.new_zeros(shape), tensor], dim=-2)
+
+
+def independent_of_width(torch: Any, model: Any, cache_class: Any, config: Any, device: Any, rows: int) -> bool:
+    """Whether, on this model and machine, a decoding step gives a row bitwise the same logits alone as next
+    to 1 to `rows` - 1 other rows (of other lengths), when a step runs only the used rows."""
+
+    def first_row(n: int) -> Any:
+        batch = Batch(torch, cache_class, config, device, rows=rows, fixed=False)
+        for i in range(n):
+            prompt = [(97 + 31 * i + j) % config.vocab_size for j in range(3 + 2 * i)]
+            cache = cache_class(config=config)
+            model(input_ids=torch.tensor([prompt], device=device), past_key_values=cache, use_cache=True)
+            seq: Any = SimpleNamespace(tokens=[*prompt, 42 + i])
+            batch.add(seq, cache)
+        return batch.step(model)[0]
+
+    with torch.inference_mode():
+        alone = first_row(1)
+        return all(torch.equal(alone, first_row(n)) for n in range(2, rows + 1))

@@ -14,15 +14,15 @@ loads the weights once (about 540 MB in float32); nothing is shared between mode
 
 Scheduling: one worker thread owns the model. A new sequence's prompt is prefilled on its own, in chunks
 of `prefill_chunk` tokens interleaved with decoding steps, then the sequence joins the running batch
-(a beam search: its `beam_width` beams): every decoding step runs the batch's `max_active` rows at once,
-which on this memory-bound CPU model costs little more than a single row. A sequence takes one row, a
-beam search one per beam; more wait in a queue.
+(a beam search: its `beam_width` beams): every decoding step runs the batch's rows at once, which on
+this CPU model costs much less than a step per row. A sequence takes one row, a beam search one per beam;
+at most `max_active` rows run, more wait in a queue.
 
 A sequence's numbers do not depend on what it is batched with, so a greedy text is the same alone and
-under load: every step computes all the batch's rows, used or not, so every matrix product has the same
-shape whatever the load, and each row's attention runs on its own keys and values (llm_batch.py). The
-price is that one sequence alone costs a step of `max_active` rows. (On a GPU, whose kernels may
-depend on more than the shapes, this is not promised.)
+under load: each row's attention runs on its own keys and values, and the matrix products give a row the
+same result whatever the number of rows: on the CPU the oneDNN products of llm_linear.py do, which the
+engine checks when it loads; where they do not, every step computes all `max_active` rows, used or not
+(llm_batch.py). (On a GPU, whose kernels may depend on more than the shapes, this is not promised.)
 
 Devices: the weights, the KV cache and every tensor fed to the model live on `Engine.device`; the
 last-position logits come back to the CPU once per step, and choosing the tokens (penalties, grammar
@@ -47,8 +47,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tritongate.demo_models.llm_batch import Batch, row_attention
+from tritongate.demo_models.llm_batch import Batch, independent_of_width, row_attention
 from tritongate.demo_models.llm_beams import BeamSearch
+from tritongate.demo_models.llm_linear import pack_linears
 from tritongate.demo_models.llm_sampling import Sampling, choose
 
 # The weights: the folder `tritongate models fetch` writes under $TRITONGATE_MODELS_DIR.
@@ -197,6 +198,7 @@ class Engine:
         self.model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=dtype,
                                                                attn_implementation=row_attention()).eval()
         self.model.to(self.device)
+        packed = pack_linears(self.model, self.max_active)
         eos = self.model.generation_config.eos_token_id
         if eos is None:
             eos = self.model.config.eos_token_id
@@ -212,12 +214,17 @@ class Engine:
         self.pending: queue.Queue[Sequence | None] = queue.Queue()
         self.prefilling: list[Sequence] = []  # admitted, prompt not fully processed yet
         self.batch = Batch(torch, DynamicCache, self.model.config, self.device, rows=self.max_active)
+        # run only the used rows where that changes no row's numbers (llm_batch.py), checked here
+        self.batch.fixed = not independent_of_width(torch, self.model, DynamicCache, self.model.config, self.device,
+                                                    self.max_active)
         self.held: Sequence | None = None  # taken from the queue, waiting for free rows
         self.stopping = threading.Event()
         self.worker = threading.Thread(target=self._work, name=f"{name}-worker", daemon=True)
         self.worker.start()
-        log(f"{name}: loaded {path} on {self.device} ({dtype}, end id {self.eos_id}) in "
-            f"{time.monotonic() - started:.1f} s")
+        products = "oneDNN" if packed else "torch"
+        rows = f"all {self.max_active} rows" if self.batch.fixed else f"the used rows (up to {self.max_active})"
+        log(f"{name}: loaded {path} on {self.device} ({dtype}, {products} matrix products, each step runs {rows}, "
+            f"end id {self.eos_id}) in {time.monotonic() - started:.1f} s")
 
     def compile_guide(self, kind: str, guide: str) -> Any:
         """A guided-decoding guide as a grammar for Sampling.grammar; RequestError when it does not compile."""
