@@ -9,6 +9,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache
@@ -16,9 +17,10 @@ from transformers import AutoModelForCausalLM, DynamicCache
 from tests.support.stack import DEMO_LLM
 from tritongate.demo_models.llm_batch import Batch, row_attention
 from tritongate.demo_models.llm_beams import BeamSearch, Hypothesis, beam_arrays
-from tritongate.demo_models.llm_core import Engine, EngineOptions, Owner, Sequence
+from tritongate.demo_models.llm_core import Engine, EngineOptions, Owner, RequestError, Sequence
 from tritongate.demo_models.llm_linear import pack_linears
 from tritongate.demo_models.llm_sampling import Sampling
+from tritongate.demo_models.llm_trtllm import Inputs, TrtllmRequest, parse_items
 
 PROMPTS = ["The capital of France is", "Once upon a time there was a small", "def fibonacci(n):", "1, 2, 3,"]
 
@@ -177,3 +179,68 @@ def test_a_beam_search_wider_than_the_batch_is_refused(engine: Engine, tokenizer
     owner = _run(engine, [(_prompt(tokenizer, PROMPTS[0]), Sampling(max_new_tokens=2, beam_width=8))])[0]
     assert owner.errors == ["beam_width 8 exceeds the 4 sequences this model decodes together "
                             "(max_active_requests)"]
+
+
+def _trtllm_items(max_beam_width: int = 4, **tensors: Any) -> list[Any]:
+    inputs = Inputs(lambda name: tensors.get(name), batch_size=1)
+    return parse_items(inputs, [[1, 2, 3]], end_id=None, exclude_input=False, vocab_size=100, max_positions=64,
+                       max_beam_width=max_beam_width, compile_guide=lambda kind, guide: object())
+
+
+def test_trtllm_beam_width_up_to_the_models_and_the_beams_it_returns() -> None:
+    out_len = np.array([[8]], np.int32)
+    [item] = _trtllm_items(request_output_len=out_len, beam_width=np.array([[3]], np.int32),
+                           len_penalty=np.array([[1.0]], np.float32))
+    assert (item.sampling.beam_width, item.sampling.length_penalty, item.num_return_sequences) == (3, 1.0, 3)
+    [item] = _trtllm_items(request_output_len=out_len, beam_width=np.array([[3]], np.int32),
+                           num_return_sequences=np.array([[2]], np.int32))
+    assert item.num_return_sequences == 2
+    for tensors, message in [({"beam_width": 5}, "max_beam_width is 4"),
+                             ({"beam_width": 2, "num_return_sequences": 3}, "at most beam_width"),
+                             ({"beam_width": 2, "guided_decoding_guide_type": b"json"}, "cannot be combined")]:
+        with pytest.raises(RequestError, match=message):
+            _trtllm_items(request_output_len=out_len, **{name: np.array([[v]]) for name, v in tensors.items()})
+    with pytest.raises(RequestError, match="max_beam_width is 1"):  # the ensemble's: no beams
+        _trtllm_items(1, request_output_len=out_len, beam_width=np.array([[2]], np.int32))
+
+
+class _Responses(TrtllmRequest):
+    def __init__(self, items: list[Any], streaming: bool) -> None:
+        super().__init__(items, streaming=streaming, request_id="r", cancelled=lambda: False)
+        self.sent: list[tuple[dict[str, np.ndarray], bool]] = []
+
+    def emit(self, seq: Sequence, outputs: dict[str, np.ndarray], ended: bool, last: bool) -> None:
+        self.sent.append((outputs, last))
+
+
+def _search(request: Sequence, running: list[list[int]], finished: list[Hypothesis], done: bool) -> BeamSearch:
+    search = BeamSearch(request)
+    search.beams = []
+    for tokens in running:
+        beam = Sequence(request.prompt, request.sampling, request.owner)
+        beam.tokens, beam.logprobs = request.prompt + tokens, [-1.0] * len(tokens)
+        search.beams.append(beam)
+    search.finished, search.done = finished, done
+    return search
+
+
+@pytest.mark.parametrize("streaming", [True, False])
+def test_trtllm_beam_responses(streaming: bool) -> None:
+    """Streamed: every step, each beam's generated tokens so far; otherwise one response with the prompt. The
+    end id that finished a hypothesis is left out; shorter beams are padded with -1."""
+    [item] = _trtllm_items(request_output_len=np.array([[8]], np.int32), beam_width=np.array([[2]], np.int32),
+                           end_id=np.array([[2]], np.int32))
+    owner = _Responses([item], streaming)
+    [request] = owner.seqs
+    owner.on_beams(_search(request, [[7, 8], [9, 10]], [], done=False))
+    ended = Hypothesis([5, 2], [-0.5, -0.1], "stop")
+    owner.on_beams(_search(request, [[7, 8, 11]], [ended], done=True))
+    if streaming:
+        (first, last_flag0), (final, last_flag1) = owner.sent
+        assert first["output_ids"].tolist() == [[[7, 8], [9, 10]]] and first["sequence_length"].tolist() == [[2, 2]]
+        assert not last_flag0
+    else:
+        [(final, last_flag1)] = owner.sent
+    prompt = [] if streaming else [1, 2, 3]
+    assert final["output_ids"].tolist() == [[prompt + [5, -1, -1], prompt + [7, 8, 11]]]  # best first: -0.6 > -3
+    assert final["sequence_length"].tolist() == [[len(prompt) + 1, len(prompt) + 3]] and last_flag1
