@@ -242,5 +242,5 @@ def test_trtllm_beam_responses(streaming: bool) -> None:
     else:
         [(final, last_flag1)] = owner.sent
     prompt = [] if streaming else [1, 2, 3]
-    assert final["output_ids"].tolist() == [[prompt + [5, -1, -1], prompt + [7, 8, 11]]]  # best first: -0.6 > -3
+    assert final["output_ids"].tolist() == [[[*prompt, 5, -1, -1], [*prompt, 7, 8, 11]]]  # best first: -0.6 > -3
     assert final["sequence_length"].tolist() == [[len(prompt) + 1, len(prompt) + 3]] and last_flag1

@@ -29,7 +29,7 @@ def pack_linears(model: Any, rows: int) -> bool:
         if isinstance(module, torch.nn.Linear):
             packed = reorder(module.weight.detach(), rows)
             bias = None if module.bias is None else module.bias.detach()
-            module.forward = _packed_forward(packed, bias)
+            module.forward = _packed_forward(packed, bias)  # type: ignore[method-assign]
             # the plain weight is no longer read (an embedding tied to it keeps its own reference)
             module.weight = torch.nn.Parameter(torch.empty(0), requires_grad=False)
     return True
