@@ -184,10 +184,14 @@ class RequestPlan:
             limit, text = self.limits[p], self.backend_texts[p]
             search = BeamSearch(backend.stream(ids, for_choice(self.base, limit, 0, self.request_id, p * n), timeout,
                                                text), n) if self.base.beam_width > 1 else None
+            # The prompt's log probabilities come with the first generated token: `max_tokens` 0 generates one,
+            # which the completion drops.
+            backend_limit = max(limit, 1) if self.base.prompt_logprobs else limit
             for j in range(n):
                 index = p * n + j
-                own = for_choice(self.base, limit, self.seeds[j], self.request_id, index)
-                completion = Completion(index, ids, self.rules, max_new=limit, echo=self.prompts.echoes[p])
+                own = for_choice(self.base, backend_limit, self.seeds[j], self.request_id, index)
+                completion = Completion(index, ids, self.rules, max_new=limit, echo=self.prompts.echoes[p],
+                                        prompt_logprobs=self.base.prompt_logprobs)
                 parser = reasoning.make_parser(self.thinks, self.prompts.texts[p] or "") if self.thinks else None
                 choices.append(Choice(completion, own,
                                       search.choice(j) if search else backend.stream(ids, own, timeout, text),

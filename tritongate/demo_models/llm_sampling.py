@@ -37,6 +37,9 @@ class Sampling:
     logprobs: bool = False  # record each token's log-probability and rank (1 = the most likely)
     top_logprobs: int = 0  # and this many most likely alternatives (needs logprobs)
     grammar: Any = None  # a compiled guide (Engine.compile_guide) every token must fit; None: free text
+    context_logits: bool = False  # keep the logits of every prompt position (Sequence.context_logits)
+    generation_logits: bool = False  # keep the model's logits of every generated position (before any sampling
+    # rule: penalties, bias, bans, grammar, temperature), in Sequence.generation_logits
 
 
 def choose(torch: Any, logits: Any, seq: Sequence) -> int:
@@ -44,6 +47,8 @@ def choose(torch: Any, logits: Any, seq: Sequence) -> int:
     bans, its grammar, then greedy or sampled; records its log-probabilities when asked. `logits` are on
     the CPU, so every tensor made here is too."""
     s, tokens = seq.sampling, seq.tokens
+    if s.generation_logits:
+        seq.generation_logits.append(logits.clone())
     if s.bias is not None:
         logits = logits + torch.from_numpy(s.bias)
     if s.allowed_ids is not None:
