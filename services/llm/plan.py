@@ -41,6 +41,10 @@ if TYPE_CHECKING:
 # expression (a client mistake).
 GRAMMAR_FAILURE = re.compile(r"guided[ _]decoding|\bgrammar\b|\bjson schema\b|\bregex\b|regular expression",
                              re.IGNORECASE)
+# A backend failure that says the engine keeps no logits (a TensorRT-LLM engine built without
+# gather_context_logits or gather_generation_logits, although its Triton model declares the outputs): the
+# request asked for log probabilities this deployment cannot give.
+LOGITS_FAILURE = re.compile(r"gather_(context|generation)_logits")
 
 
 @dataclass
@@ -104,12 +108,21 @@ class Choice:
         return bool(delta.text or delta.reasoning or delta.tool_calls or delta.logprobs or delta.finish_reason)
 
     def _refusal(self, exc: ServiceError) -> ServiceError | None:
-        """The client's mistake a backend failure shows when the backend's grammar compiler rejected the guide
-        before anything was generated (None: the failure is the backend's)."""
-        if self.sampling.guide is not None and not self.completion.consumed and GRAMMAR_FAILURE.search(exc.message):
-            first_line = exc.message.strip().splitlines()[0]  # never a backend's traceback
+        """The client's mistake a backend failure shows before anything was generated: the backend's grammar
+        compiler rejected the guide, or its engine keeps no logits for the log probabilities asked for (None:
+        the failure is the backend's)."""
+        if self.completion.consumed:
+            return None
+        first_line = exc.message.strip().splitlines()[0] if exc.message.strip() else ""  # never a traceback
+        if self.sampling.guide is not None and GRAMMAR_FAILURE.search(exc.message):
             return invalid_argument(f"`{self.guide_param}` cannot be enforced on model `{self.model}`: the "
                                     f"backend's grammar compiler rejected it ({first_line})", self.guide_param)
+        logits = LOGITS_FAILURE.search(exc.message)
+        if logits is not None and (self.sampling.prompt_logprobs or self.sampling.top_logprobs):
+            param, what = ("echo", "the prompt's log probabilities") if logits.group(1) == "context" else \
+                ("logprobs", "alternatives per token")
+            return invalid_argument(f"`{param}`: model `{self.model}` cannot return {what}; its engine keeps no "
+                                    f"{logits.group(1)} logits ({first_line})", param)
         return None
 
 

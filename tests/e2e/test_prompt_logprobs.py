@@ -17,6 +17,7 @@ import pytest
 
 from launcher.stack import DEMO_LLMS
 from tests.support.reference_lm import ReferenceLM
+from tests.support.streams import stream_chunks
 
 SCORED = [DEMO_LLMS["fastertransformer"], DEMO_LLMS["tensorrt_llm"], DEMO_LLMS["vllm"]]
 PROMPT = "The capital of France is Paris, and the capital of Italy is Rome."
@@ -65,6 +66,21 @@ def test_lm_eval_s_request_scores_the_prompt_and_keeps_the_generated_token_last(
         assert logprobs["token_logprobs"][1:-1] == pytest.approx(reference.token_logprobs(tokens),
                                                                  abs=reference.tolerance)
         assert result["usage"]["completion_tokens"] == 1
+
+
+@pytest.mark.parametrize("model", SCORED)
+def test_a_stream_sends_the_echo_with_its_log_probabilities_first(http: httpx.Client, tokenizer: Any,
+                                                                  model: str) -> None:
+    tokens = list(tokenizer.encode(PROMPT, add_special_tokens=False))
+    chunks = stream_chunks(http, "/v1/completions", {"model": model, "prompt": PROMPT, "echo": True, "logprobs": 0,
+                                                     "max_tokens": 3, "temperature": 0, "stream": True,
+                                                     "stream_options": {"include_usage": True}})
+    first = chunks[0]["choices"][0]
+    assert first["text"].startswith(PROMPT)
+    assert first["logprobs"]["tokens"][:len(tokens)] == [tokenizer.decode([t]) for t in tokens]
+    assert first["logprobs"]["token_logprobs"][0] is None
+    entries = [e for c in chunks if c["choices"] for e in (c["choices"][0]["logprobs"] or {}).get("token_logprobs", [])]
+    assert len(entries) == len(tokens) + chunks[-1]["usage"]["completion_tokens"]  # each generated token's too
 
 
 @pytest.mark.parametrize("model", SCORED)
