@@ -183,7 +183,7 @@ class TensorRTLLM:
                 yield Step(beams=beam_tokens(result["output_ids"], result["sequence_length"]), cached_tokens=cached)
                 continue
             length = int(result["sequence_length"].reshape(-1)[0])  # [1, beams]: beam 0
-            ids = result["output_ids"].reshape(-1, result["output_ids"].shape[-1])[0][:max(length, 0)]
+            ids = result["output_ids"].reshape(-1, result["output_ids"].shape[-1])[0][:length] if length > 0 else []
             step = Step([int(token) for token in ids], cached_tokens=cached)
             if prompt_pending:
                 step.prompt_logprobs = first_prompt_logprobs(result, prompt, sampling.top_logprobs, self.model)
