@@ -181,6 +181,10 @@ class RequestPlan:
         base.adapter = model.adapter(request.model)
         rules = CompletionRules(policy.stop_tokens(base.ignore_eos), stops, model.decoding, base.min_tokens,
                                 base.include_stop_str, base.skip_special_tokens)
+        if base.prompt_logprobs and not model.backend.takes_text and model.backend.supports("ignore_eos"):
+            # A scored text keeps every generated token's entry, the end id's too (services/llm/completion.py):
+            # the service, not TensorRT-LLM, which leaves the end id out of its output, stops at the end id.
+            base.ignore_eos = True
         limits = [max_new_tokens(request, policy, len(ids), prompts.param) for ids in prompts.ids]
         # Calls are parsed unless a format the request asked for (and no forced call) shapes the text.
         calls = tools.parser if tools.forced or not request.HasField("guide") else None

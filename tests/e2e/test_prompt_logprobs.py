@@ -69,6 +69,24 @@ def test_lm_eval_s_request_scores_the_prompt_and_keeps_the_generated_token_last(
 
 
 @pytest.mark.parametrize("model", SCORED)
+def test_a_scored_text_whose_next_token_is_the_end_id_keeps_that_token_last(
+        http: httpx.Client, tokenizer: Any, reference: ReferenceLM, model: str) -> None:
+    """lm-evaluation-harness drops the last entry as the generated token's: when that token is the end id
+    (which TensorRT-LLM leaves out of its output), its entry must still be there."""
+    answered = [{"role": "user", "content": "Say hello."}, {"role": "assistant", "content": "Hello!"}]
+    tokens = list(tokenizer.encode(tokenizer.apply_chat_template(answered, tokenize=False), add_special_tokens=False))
+    while tokens and reference.next_token(tokens) != tokenizer.eos_token_id:  # end the text where the end id comes next
+        tokens.pop()
+    assert len(tokens) > 5, "no position where the demo LLM ends the text"
+    result = complete(http, model, prompt=[tokens], echo=True, logprobs=1, max_tokens=1)
+    choice = result["choices"][0]
+    assert len(choice["logprobs"]["tokens"]) == len(tokens) + 1
+    assert choice["logprobs"]["tokens"][-1] == tokenizer.eos_token and choice["finish_reason"] == "stop"
+    assert choice["logprobs"]["token_logprobs"][1:-1] == pytest.approx(reference.token_logprobs(tokens),
+                                                                       abs=reference.tolerance)
+
+
+@pytest.mark.parametrize("model", SCORED)
 def test_a_stream_sends_the_echo_with_its_log_probabilities_first(http: httpx.Client, tokenizer: Any,
                                                                   model: str) -> None:
     tokens = list(tokenizer.encode(PROMPT, add_special_tokens=False))

@@ -59,3 +59,8 @@ class ReferenceLM:
     def loglikelihood(self, context: list[int], continuation: list[int]) -> float:
         """The continuation's summed log probability after the context."""
         return sum(self.token_logprobs(context + continuation)[len(context) - 1:])
+
+    def next_token(self, tokens: list[int]) -> int:
+        """The most likely token after `tokens`."""
+        with self.torch.inference_mode():
+            return int(self.model(input_ids=self.torch.tensor([tokens])).logits[0, -1].argmax())
