@@ -73,8 +73,8 @@ def generation_input(body: CompletionRequest) -> GenerationInput:
 # The response (a stream chunk has the same shape), as /openapi.json declares it.
 class CompletionLogprobs(ResponseModel):
     tokens: list[str]
-    token_logprobs: list[float]
-    top_logprobs: list[dict[str, float]]
+    token_logprobs: list[float | None]  # null for the echoed prompt's first token
+    top_logprobs: list[dict[str, float] | None]
     text_offset: list[int]
 
 
@@ -101,10 +101,13 @@ class CompletionShape:
     def _logprobs(self, entries: list[llm_pb2.TokenLogprob]) -> dict[str, Any] | None:
         if not self.logprobs:
             return None
-        return {"tokens": [e.token for e in entries], "token_logprobs": [e.logprob for e in entries],
+        # The echoed prompt's first token has no log probability: null, as OpenAI and vLLM send it.
+        known = [e.HasField("logprob") for e in entries]
+        return {"tokens": [e.token for e in entries],
+                "token_logprobs": [e.logprob if has else None for e, has in zip(entries, known, strict=True)],
                 # The alternatives when the backend reports them, else the chosen token alone.
-                "top_logprobs": [{t.token: t.logprob for t in e.top_logprobs} or {e.token: e.logprob}
-                                 for e in entries],
+                "top_logprobs": [({t.token: t.logprob for t in e.top_logprobs} or {e.token: e.logprob}) if has
+                                 else None for e, has in zip(entries, known, strict=True)],
                 "text_offset": [e.text_offset for e in entries]}
 
     def opening(self, index: int) -> dict[str, Any] | None:

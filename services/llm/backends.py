@@ -23,6 +23,7 @@ Knob = Literal[
     "logit_bias",  # bans (-100) of single token ids
     "min_p", "min_tokens", "ignore_eos",
     "top_logprobs",  # the most likely alternatives at each position
+    "prompt_logprobs",  # the prompt tokens' log probabilities (completions' `echo` with `logprobs`)
     "special_tokens",  # special tokens decoded into the text (skip_special_tokens: false)
     "guided_decoding",  # output held to a JSON Schema, a grammar or a regex (response_format, tool_choice)
     "lora",  # LoRA adapters (services/llm/lora.py)
@@ -77,6 +78,17 @@ class Sampling:
     adapter: Adapter | None = None  # the LoRA adapter the request names; None: the base model
     images: list[bytes] = field(default_factory=list)  # the chat's image files, in order (backends with "images")
     beam_width: int = 1  # beam search with this many beams; 1: sampling (or greedy)
+    prompt_logprobs: bool = False  # the prompt tokens' log probabilities too (with `top_logprobs` alternatives)
+
+
+@dataclass(frozen=True)
+class PromptLogprob:
+    """One prompt token's log probability given the tokens before it (None for the first token, which
+    nothing predicts) and the `top_logprobs` most likely tokens at its position (token id, log probability)."""
+
+    token: int
+    logprob: float | None
+    top: list[tuple[int, float]] = field(default_factory=list)
 
 
 @dataclass
@@ -88,7 +100,9 @@ class Step:
     this text is), `token_ids` with `logprobs` and `top_logprobs` (alternatives as (token id, log
     probability), most likely first), `finish_reason` and `prompt_tokens` (the prompt as the backend
     tokenized it). Any step may say how many of the prompt's tokens the backend took from its cache of
-    earlier prompts (`cached_tokens`, where it reports reuse).
+    earlier prompts (`cached_tokens`, where it reports reuse). When the sampling asks for the prompt's log
+    probabilities, the first step carries them (`prompt_logprobs`, one per prompt token as the backend
+    tokenized the prompt).
 
     With beam search (`Sampling.beam_width` > 1) a step fills `beams` instead: every beam's token ids
     generated so far, the best first. Each step holds the whole beams, not what is new: until the search
@@ -104,6 +118,7 @@ class Step:
     prompt_tokens: int | None = None
     beams: list[list[int]] | None = None
     cached_tokens: int | None = None
+    prompt_logprobs: list[PromptLogprob] | None = None
 
 
 class LlmBackend(Protocol):

@@ -5,7 +5,12 @@ detokenized (whole characters only), then stop strings are matched on the text a
 (backends that detokenize themselves) go straight to the stop-string matcher, which the service applies
 whatever the backend did (a backend that already cut a stop string leaves nothing for it to find).
 Log probabilities follow their tokens: a token's entry goes out with the first text at or after its
-start, and is dropped when a stop string cuts the text before it.
+start, and is dropped when a stop string cuts the text before it. With the prompt's log probabilities
+(`echo` with `logprobs`), the echo waits for the first step, which brings them, and goes out with one
+entry per prompt token (the first without a log probability); `max_tokens` 0 then keeps nothing of what
+the backend generated. Such a request scores a text (lm-evaluation-harness sends `max_tokens` 1 and drops
+the last entry as the generated token's), so every generated token keeps its entry, the end id's too, as
+vLLM returns them.
 
 A token step counts its tokens; a text step counts what the backend says it holds, or, when the backend
 says nothing, what the model's tokenizer makes of the text (at least one token per response with text).
@@ -17,10 +22,10 @@ import asyncio
 import contextlib
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
-from services.llm.backends import FinishReason, Step
+from services.llm.backends import FinishReason, PromptLogprob, Step
 from services.llm.detokenizer import Detokenizer, TokenDecoding
 from services.llm.stops import StopStrings, StopTokens
 from tritongate.llm.v1 import llm_pb2
@@ -29,7 +34,7 @@ from tritongate.llm.v1 import llm_pb2
 @dataclass
 class _Entry:
     token: int
-    logprob: float
+    logprob: float | None  # None: the prompt's first token
     start: int  # text offset where the token's text begins
     top: list[tuple[int, float]] = field(default_factory=list)  # alternatives, most likely first
 
@@ -70,7 +75,7 @@ class Completion:
     """One choice's text: feed it steps, take Delta messages."""
 
     def __init__(self, index: int, prompt: Sequence[int], rules: CompletionRules, *, max_new: int,
-                 echo: str = "") -> None:
+                 echo: str = "", prompt_logprobs: bool = False) -> None:
         self.index = index
         self.max_new = max_new
         self.min_tokens = rules.min_tokens
@@ -82,10 +87,13 @@ class Completion:
         self.token_text = decoding.token_text
         self.count = decoding.count
         self.echo = echo
+        self.decode_special = decoding.decode_special
+        self.echo_pending = prompt_logprobs  # the echo goes out with the prompt's log probabilities
+        self.scoring = prompt_logprobs  # every generated token's entry is kept (the module's docstring)
         self.decoded = len(echo)  # characters decoded so far (echo included), before stop strings
         self.emitted = len(echo)  # characters sent so far
         self.entries: deque[_Entry] = deque()
-        self.logprobs: deque[float] = deque()
+        self.logprobs: deque[_Entry] = deque()  # of fed tokens not decoded yet (start unknown: 0)
         self.text: _TextCount | None = None  # set by the first text step
         self.reason: FinishReason | None = None  # the backend's, when it says
         self.prompt_tokens: int | None = None  # the prompt's tokens as the backend counted them
@@ -116,18 +124,28 @@ class Completion:
         return self.stopped or (self.text is None and self.consumed >= self.max_new)
 
     def start(self) -> llm_pb2.Delta | None:
-        """The echoed prompt, if any, as the first increment."""
-        return llm_pb2.Delta(index=self.index, text=self.echo) if self.echo else None
+        """The echoed prompt, if any, as the first increment (unless it waits for its log probabilities)."""
+        return llm_pb2.Delta(index=self.index, text=self.echo) if self.echo and not self.echo_pending else None
 
     def add(self, step: Step) -> llm_pb2.Delta | None:
         """The increment a backend step makes (None when it makes no text yet)."""
         if step.cached_tokens is not None:
             self.cached_tokens = step.cached_tokens
+        echo = self._echo(step.prompt_logprobs) if self.echo_pending and step.prompt_logprobs is not None else None
+        if self.max_new == 0:  # generated only to get the prompt's log probabilities
+            return echo
         if step.text is None:
-            return self.feed(step.token_ids, step.logprobs)
-        return self._feed_text(step)
+            delta = self.feed(step.token_ids, step.logprobs, step.top_logprobs)
+        else:
+            delta = self._feed_text(step)
+        if echo is None or delta is None:
+            return echo or delta
+        echo.text += delta.text
+        echo.logprobs.extend(delta.logprobs)
+        return echo
 
-    def feed(self, tokens: Sequence[int], logprobs: Sequence[float] | None = None) -> llm_pb2.Delta | None:
+    def feed(self, tokens: Sequence[int], logprobs: Sequence[float] | None = None,
+             tops: Sequence[list[tuple[int, float]]] | None = None) -> llm_pb2.Delta | None:
         """The increment these tokens make (None when they make no text yet)."""
         pieces = []
         for i, token in enumerate(tokens):
@@ -135,10 +153,13 @@ class Completion:
                 break
             released = self.tokens.feed((token,))
             if logprobs is not None:
-                self.logprobs.append(logprobs[i])
+                top = tops[i] if tops is not None and i < len(tops) else []
+                self.logprobs.append(_Entry(token, logprobs[i], 0, top))
             pieces += [self._decode(t) for t in released]
             if self.tokens.stopped:
-                self.logprobs.clear()  # the stop word's
+                if self.scoring:  # the stop word's, at the end of the text
+                    self.entries.extend(replace(entry, start=self.decoded) for entry in self.logprobs)
+                self.logprobs.clear()
             if self.strings.stopped:
                 break
         self.released = pieces
@@ -157,6 +178,8 @@ class Completion:
             if not self.strings.stopped:
                 text += self.strings.flush()
         self.emitted += len(text)
+        if self.echo_pending:  # the backend never sent the prompt's log probabilities (emitted counts the echo)
+            self.echo_pending, text = False, self.echo + text
         return llm_pb2.Delta(index=self.index, text=text, finish_reason=self._finish_reason(),
                              logprobs=self._logprobs(final=True), stop_string=self.strings.matched)
 
@@ -170,10 +193,19 @@ class Completion:
     def _decode(self, token: int) -> str:
         start = self.decoded
         if self.logprobs:
-            self.entries.append(_Entry(token, self.logprobs.popleft(), start))
+            self.entries.append(replace(self.logprobs.popleft(), start=start))
         piece = self.detokenizer.add(token)
         self.decoded += len(piece)
         return self.strings.feed(piece, self._armed())
+
+    def _echo(self, prompt: list[PromptLogprob]) -> llm_pb2.Delta:
+        """The echo with an entry per prompt token, each at the offset where its text starts in the echo."""
+        self.echo_pending = False
+        detokenizer, offset, entries = Detokenizer(self.decode_special), 0, []
+        for position in prompt:
+            entries.append(_Entry(position.token, position.logprob, min(offset, len(self.echo)), position.top))
+            offset += len(detokenizer.add(position.token))
+        return llm_pb2.Delta(index=self.index, text=self.echo, logprobs=[self._entry(e) for e in entries])
 
     def _armed(self) -> bool:
         """Whether stop strings may end the completion yet (min_tokens reached); counted until they may."""
@@ -213,17 +245,20 @@ class Completion:
         """Entries of tokens whose text has begun to go out; at the end, all that a stop string left (for
         text steps: those with text)."""
         ready = []
-        rest = final and not self.strings.stopped and self.text is None
+        rest = final and not self.strings.stopped and (self.text is None or self.scoring)
         while self.entries and (self.entries[0].start < self.emitted or rest):
-            entry = self.entries.popleft()
-            ready.append(llm_pb2.TokenLogprob(
-                token=self.token_text.text(entry.token), logprob=entry.logprob,
-                bytes=self.token_text.bytes(entry.token), text_offset=entry.start,
-                top_logprobs=[llm_pb2.TopLogprob(token=self.token_text.text(t), logprob=value,
-                                                 bytes=self.token_text.bytes(t)) for t, value in entry.top]))
+            ready.append(self._entry(self.entries.popleft()))
         if final:
             self.entries.clear()
         return ready
+
+    def _entry(self, entry: _Entry) -> llm_pb2.TokenLogprob:
+        text = self.token_text
+        return llm_pb2.TokenLogprob(
+            token=text.text(entry.token), logprob=entry.logprob, bytes=text.bytes(entry.token),
+            text_offset=entry.start,
+            top_logprobs=[llm_pb2.TopLogprob(token=text.text(t), logprob=value, bytes=text.bytes(t))
+                          for t, value in entry.top])
 
 
 T = TypeVar("T")

@@ -15,6 +15,12 @@ Outputs: every streamed response carries the whole sequence so far, prompt inclu
 [1, beam, width] (positions past `sequence_length` are padding) and `output_log_probs`
 [1, beam, request_output_len]; the adapter turns them into the tokens that are new (with beam search:
 every beam's generated tokens, best first, in every step).
+
+Not FT's own: a model that also declares TensorRT-LLM's `return_context_logits` / `context_logits` and
+`return_generation_logits` / `generation_logits` (as the demo FT model does) gives the prompt's log
+probabilities and alternatives per token (services/llm/logits.py): `context_logits` [1, prompt length,
+vocab] in the first response that brings a token, `generation_logits` [1, 1, new, vocab] of the tokens
+new in each response. Without them `echo` with `logprobs`, and alternatives, are refused.
 """
 
 from __future__ import annotations
@@ -30,6 +36,14 @@ from services.common.errors import ServiceError
 from services.common.triton import Triton
 from services.common.triton_pool import TritonPool
 from services.llm.backends import Knob, Sampling, Step
+from services.llm.logits import (
+    LOGIT_KNOBS,
+    add_alternatives,
+    first_prompt_logprobs,
+    has_logits,
+    logit_flags,
+    logit_outputs,
+)
 from services.llm.tensors import beam_tokens, encode_words, max_beam_width
 
 __all__ = ["FasterTransformer", "encode_words"]
@@ -51,8 +65,7 @@ _KNOB_INPUTS: dict[Knob, str] = {
 # cannot do: it falls back to the end id of its config.ini when none is sent, so `ignore_eos` is refused;
 # it has no guided decoding, so a JSON format or a forced tool call cannot be enforced.
 _SERVICE_KNOBS: dict[Knob, bool] = {"special_tokens": True, "ignore_eos": False, "min_p": False,
-                                    "top_logprobs": False, "guided_decoding": False, "lora": False,
-                                    "images": False}
+                                    "guided_decoding": False, "lora": False, "images": False}
 FT_BEAM_WIDTHS = (2, 3, 4, 8, 16, 32)  # ParallelGptTritonModelInstance.cc: any other width runs as 1
 
 
@@ -90,6 +103,8 @@ class FasterTransformer:
     def supports(self, knob: Knob) -> bool:
         if knob in _SERVICE_KNOBS:
             return _SERVICE_KNOBS[knob]
+        if knob in LOGIT_KNOBS:
+            return has_logits(self.inputs, self.outputs, knob)
         if knob == "logprobs":
             return "is_return_log_probs" in self.inputs and "output_log_probs" in self.outputs
         return _KNOB_INPUTS[knob] in self.inputs
@@ -118,6 +133,7 @@ class FasterTransformer:
             values["start_id"] = sampling.start_id
         if sampling.beam_width > 1:
             values["beam_width"] = sampling.beam_width
+        values.update({name: flag for name, flag in logit_flags(sampling).items() if flag is not None})
         tensors = {
             "input_ids": np.array([list(prompt)], dtype=self.inputs["input_ids"]),
             "input_lengths": np.array([[len(prompt)]], dtype=self.inputs["input_lengths"]),
@@ -136,6 +152,8 @@ class FasterTransformer:
         outputs = ["output_ids", "sequence_length"]
         if sampling.logprobs:
             outputs.append("output_log_probs")
+        outputs += logit_outputs(sampling)
+        prompt_pending = sampling.prompt_logprobs  # the first response with a token brings them
         done = len(prompt)  # valid positions already seen
         async for result in self.triton.stream(self.pool, self.model, self.tensors(prompt, sampling), outputs,
                                                timeout, sampling.request_id):
@@ -149,8 +167,12 @@ class FasterTransformer:
                 continue
             ids = result["output_ids"].reshape(-1, result["output_ids"].shape[-1])[0]
             step = Step(ids[done:length].tolist())
+            if prompt_pending:
+                step.prompt_logprobs = first_prompt_logprobs(result, prompt, sampling.top_logprobs, self.model)
+                prompt_pending = False
             if "output_log_probs" in result:
                 per_token = result["output_log_probs"].reshape(-1, result["output_log_probs"].shape[-1])[0]
                 step.logprobs = per_token[done - len(prompt): length - len(prompt)].astype(float).tolist()
+            add_alternatives(step, result, sampling)
             done = length
             yield step

@@ -175,6 +175,11 @@ def _penalties(request: llm_pb2.GenerateRequest, policy: GenerationPolicy) -> tu
     return repetition, presence, frequency
 
 
+# What a Triton model declares for the prompt tokens' log probabilities (docs/backends.md).
+CONTEXT_LOGITS_HINT = "a return_context_logits input and a context_logits output"
+PROMPT_LOGPROBS_HINT = {"vllm": "a return_prompt_logprobs input and a prompt_logprobs output"}
+
+
 def _logprobs(request: llm_pb2.GenerateRequest, policy: GenerationPolicy) -> int:
     """Checks `logprobs` and `top_logprobs`; the number of alternatives per position."""
     if not request.logprobs:
@@ -182,9 +187,11 @@ def _logprobs(request: llm_pb2.GenerateRequest, policy: GenerationPolicy) -> int
     policy.require("logprobs", "logprobs")
     if request.top_logprobs and not policy.backend.supports("top_logprobs"):
         raise policy.unsupported("top_logprobs", "(alternatives per token) is not supported")
-    if request.echo:
-        raise invalid_argument("`echo` with `logprobs` is not supported: the backend returns no log "
-                               "probabilities for prompt tokens.", "echo")
+    if request.echo and not policy.backend.supports("prompt_logprobs"):
+        raise invalid_argument(f"`echo` with `logprobs` needs the prompt tokens' log probabilities, which the "
+                               f"{policy.backend.name} backend of model `{policy.model}` does not return: its "
+                               f"Triton model declares no "
+                               f"{PROMPT_LOGPROBS_HINT.get(policy.backend.name, CONTEXT_LOGITS_HINT)}.", "echo")
     return request.top_logprobs
 
 
@@ -288,7 +295,7 @@ def sampling(request: llm_pb2.GenerateRequest, policy: GenerationPolicy) -> tupl
                     bad_words=bad_words, logprobs=request.logprobs, top_logprobs=alternatives,
                     stop=text_stops if backend.takes_text else [], bad=policy.words_as_text(defaults.bad_words),
                     guide=response_format(request, policy), beam_width=beam_width(request, policy),
-                    **extensions), text_stops
+                    prompt_logprobs=request.logprobs and request.echo, **extensions), text_stops
 
 
 def max_new_tokens(request: llm_pb2.GenerateRequest, policy: GenerationPolicy, prompt_tokens: int,

@@ -41,6 +41,10 @@ if TYPE_CHECKING:
 # expression (a client mistake).
 GRAMMAR_FAILURE = re.compile(r"guided[ _]decoding|\bgrammar\b|\bjson schema\b|\bregex\b|regular expression",
                              re.IGNORECASE)
+# A backend failure that says the engine keeps no logits (a TensorRT-LLM engine built without
+# gather_context_logits or gather_generation_logits, although its Triton model declares the outputs): the
+# request asked for log probabilities this deployment cannot give.
+LOGITS_FAILURE = re.compile(r"gather_(context|generation)_logits")
 
 
 @dataclass
@@ -104,12 +108,21 @@ class Choice:
         return bool(delta.text or delta.reasoning or delta.tool_calls or delta.logprobs or delta.finish_reason)
 
     def _refusal(self, exc: ServiceError) -> ServiceError | None:
-        """The client's mistake a backend failure shows when the backend's grammar compiler rejected the guide
-        before anything was generated (None: the failure is the backend's)."""
-        if self.sampling.guide is not None and not self.completion.consumed and GRAMMAR_FAILURE.search(exc.message):
-            first_line = exc.message.strip().splitlines()[0]  # never a backend's traceback
+        """The client's mistake a backend failure shows before anything was generated: the backend's grammar
+        compiler rejected the guide, or its engine keeps no logits for the log probabilities asked for (None:
+        the failure is the backend's)."""
+        if self.completion.consumed:
+            return None
+        first_line = exc.message.strip().splitlines()[0] if exc.message.strip() else ""  # never a traceback
+        if self.sampling.guide is not None and GRAMMAR_FAILURE.search(exc.message):
             return invalid_argument(f"`{self.guide_param}` cannot be enforced on model `{self.model}`: the "
                                     f"backend's grammar compiler rejected it ({first_line})", self.guide_param)
+        logits = LOGITS_FAILURE.search(exc.message)
+        if logits is not None and (self.sampling.prompt_logprobs or self.sampling.top_logprobs):
+            param, what = ("echo", "the prompt's log probabilities") if logits.group(1) == "context" else \
+                ("logprobs", "alternatives per token")
+            return invalid_argument(f"`{param}`: model `{self.model}` cannot return {what}; its engine keeps no "
+                                    f"{logits.group(1)} logits ({first_line})", param)
         return None
 
 
@@ -168,6 +181,10 @@ class RequestPlan:
         base.adapter = model.adapter(request.model)
         rules = CompletionRules(policy.stop_tokens(base.ignore_eos), stops, model.decoding, base.min_tokens,
                                 base.include_stop_str, base.skip_special_tokens)
+        if base.prompt_logprobs and not model.backend.takes_text and model.backend.supports("ignore_eos"):
+            # A scored text keeps every generated token's entry, the end id's too (services/llm/completion.py):
+            # the service, not TensorRT-LLM, which leaves the end id out of its output, stops at the end id.
+            base.ignore_eos = True
         limits = [max_new_tokens(request, policy, len(ids), prompts.param) for ids in prompts.ids]
         # Calls are parsed unless a format the request asked for (and no forced call) shapes the text.
         calls = tools.parser if tools.forced or not request.HasField("guide") else None
@@ -184,10 +201,14 @@ class RequestPlan:
             limit, text = self.limits[p], self.backend_texts[p]
             search = BeamSearch(backend.stream(ids, for_choice(self.base, limit, 0, self.request_id, p * n), timeout,
                                                text), n) if self.base.beam_width > 1 else None
+            # The prompt's log probabilities come with the first generated token: `max_tokens` 0 generates one,
+            # which the completion drops.
+            backend_limit = max(limit, 1) if self.base.prompt_logprobs else limit
             for j in range(n):
                 index = p * n + j
-                own = for_choice(self.base, limit, self.seeds[j], self.request_id, index)
-                completion = Completion(index, ids, self.rules, max_new=limit, echo=self.prompts.echoes[p])
+                own = for_choice(self.base, backend_limit, self.seeds[j], self.request_id, index)
+                completion = Completion(index, ids, self.rules, max_new=limit, echo=self.prompts.echoes[p],
+                                        prompt_logprobs=self.base.prompt_logprobs)
                 parser = reasoning.make_parser(self.thinks, self.prompts.texts[p] or "") if self.thinks else None
                 choices.append(Choice(completion, own,
                                       search.choice(j) if search else backend.stream(ids, own, timeout, text),

@@ -38,6 +38,14 @@ import numpy as np
 from services.common.triton import Triton
 from services.common.triton_pool import TritonPool
 from services.llm.backends import GuideKind, Knob, Sampling, Step
+from services.llm.logits import (
+    LOGIT_KNOBS,
+    add_alternatives,
+    first_prompt_logprobs,
+    has_logits,
+    logit_flags,
+    logit_outputs,
+)
 from services.llm.lora import TaskCache, has_lora_inputs
 from services.llm.tensors import ModelInterface, beam_tokens, encode_words, int_value, max_beam_width, refuse
 
@@ -57,9 +65,9 @@ _KNOB_INPUTS: dict[Knob, tuple[str, ...]] = {
     "min_tokens": MIN_TOKENS,
 }
 # Done by the service (special tokens: its detokenizer) or by leaving `end_id` out (ignore_eos); TensorRT-LLM's
-# Triton interface has neither min_p nor alternatives per token.
-_OTHER_KNOBS: dict[Knob, bool] = {"special_tokens": True, "ignore_eos": True, "min_p": False, "top_logprobs": False,
-                                  "images": False}
+# Triton interface has no min_p.
+_OTHER_KNOBS: dict[Knob, bool] = {"special_tokens": True, "ignore_eos": True, "min_p": False, "images": False}
+
 # Guided decoding (TensorRT-LLM 0.17+, with `guided_decoding_backend` xgrammar in the model's parameters): the
 # guide's type (json, json_schema, regex, ebnf_grammar) and the guide itself.
 GUIDE_INPUTS = ("guided_decoding_guide_type", "guided_decoding_guide")
@@ -121,6 +129,8 @@ class TensorRTLLM:
     def supports(self, knob: Knob) -> bool:
         if knob in _OTHER_KNOBS:
             return _OTHER_KNOBS[knob]
+        if knob in LOGIT_KNOBS:
+            return has_logits(self.interface.inputs, self.interface.outputs, knob)
         if knob == "logprobs":
             return self.interface.has("return_log_probs") and "output_log_probs" in self.interface.outputs
         if knob == "guided_decoding":
@@ -144,6 +154,7 @@ class TensorRTLLM:
             "beam_width": sampling.beam_width if sampling.beam_width > 1 else None,
             **guide_values(sampling),
             REUSE_INPUT: True if reports_reuse(model) else None,
+            **logit_flags(sampling),
         }
         tensors = {"input_ids": model.tensor("input_ids", list(prompt)), **model.scalars(values)}
         for name, words in (("stop_words_list", sampling.stop_words), ("bad_words_list", sampling.bad_words)):
@@ -159,7 +170,9 @@ class TensorRTLLM:
             outputs.append("output_log_probs")
         if reports_reuse(self.interface):
             outputs.append(REUSE_OUTPUT)
+        outputs += logit_outputs(sampling)
         done = 0  # tokens received so far
+        prompt_pending = sampling.prompt_logprobs  # the first response brings them
         tensors = self.tensors(prompt, sampling)
         async for result in self.lora.stream(sampling.adapter, self.interface, lambda lora: self.triton.stream(
                 self.pool, self.model, {**tensors, **lora}, outputs, timeout, sampling.request_id)):
@@ -170,14 +183,18 @@ class TensorRTLLM:
                 yield Step(beams=beam_tokens(result["output_ids"], result["sequence_length"]), cached_tokens=cached)
                 continue
             length = int(result["sequence_length"].reshape(-1)[0])  # [1, beams]: beam 0
-            if length <= 0:
-                if cached is not None:
-                    yield Step(cached_tokens=cached)
-                continue
-            ids = result["output_ids"].reshape(-1, result["output_ids"].shape[-1])[0][:length]
+            ids = result["output_ids"].reshape(-1, result["output_ids"].shape[-1])[0][:length] if length > 0 else []
             step = Step([int(token) for token in ids], cached_tokens=cached)
+            if prompt_pending:
+                step.prompt_logprobs = first_prompt_logprobs(result, prompt, sampling.top_logprobs, self.model)
+                prompt_pending = False
+            if length <= 0:
+                if cached is not None or step.prompt_logprobs is not None:
+                    yield step
+                continue
             if "output_log_probs" in result:
                 step.logprobs = _new_logprobs(result["output_log_probs"], done, length)
+            add_alternatives(step, result, sampling)
             done += length
             yield step
 

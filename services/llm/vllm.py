@@ -15,6 +15,12 @@ may begin a stop string); `finish_reason` ("None" until the last response, then 
 "abort" is an error); `num_input_tokens`; `num_output_tokens` (tokens in this response); `logprobs`, JSON
 `[{token_id: {logprob, rank, decoded_token}}]` for this response's positions, the sampled token first.
 Backends before r24.03 (no `exclude_input_in_output` input) stream the prompt plus the whole text so far.
+
+The prompt's log probabilities (`echo` with `logprobs`): the vllm_backend passes none back. A model that
+declares the input `return_prompt_logprobs` and the output `prompt_logprobs` (as the demo vLLM model does)
+gets `prompt_logprobs` k in `sampling_parameters` and answers with vLLM's PromptLogprobs as JSON in its
+first response: null for the first position, then `{token_id: {logprob, rank, decoded_token}}` per
+position, the prompt's token first.
 """
 
 from __future__ import annotations
@@ -30,14 +36,15 @@ import numpy as np
 from services.common.errors import ServiceError
 from services.common.triton import Triton
 from services.common.triton_pool import TritonPool
-from services.llm.backends import FinishReason, GuideKind, Knob, Sampling, Step
+from services.llm.backends import FinishReason, GuideKind, Knob, PromptLogprob, Sampling, Step
 from services.llm.tensors import CumulativeText, ModelInterface, int_value, refuse, text_value
 
 REQUIRED_INPUTS = ("text_input", "sampling_parameters")
 # Knobs that need a backend flag; vLLM's SamplingParams has all the others, except bans of token ids and
 # word lists (`logit_bias` and `bad_words` exist only in newer vLLM, and an unknown key fails the request).
 _FLAG_KNOBS: dict[Knob, tuple[str, str]] = {"logprobs": ("return_logprobs", "logprobs"),
-                                            "top_logprobs": ("return_logprobs", "logprobs")}
+                                            "top_logprobs": ("return_logprobs", "logprobs"),
+                                            "prompt_logprobs": ("return_prompt_logprobs", "prompt_logprobs")}
 _UNSUPPORTED: set[Knob] = {"bad_words", "logit_bias"}
 # StructuredOutputsParams' field for each kind of guide.
 STRUCTURED_OUTPUTS: dict[GuideKind, str] = {"json_schema": "json", "grammar": "grammar", "regex": "regex"}
@@ -70,6 +77,8 @@ def sampling_parameters(sampling: Sampling, lora_name: str | None = None) -> dic
     params.update({key: value for key, (value, default) in optional.items() if value != default})
     if sampling.logprobs:
         params["logprobs"] = sampling.top_logprobs  # alternatives; 0: the sampled token's only
+    if sampling.prompt_logprobs:
+        params["prompt_logprobs"] = sampling.top_logprobs
     guide = sampling.guide
     if guide is not None:  # vLLM 0.11+ StructuredOutputsParams, which the backend reads from a JSON string
         value = guide.text if guide.kind == "json_schema" else json.dumps(guide.text)  # a schema is JSON already
@@ -77,22 +86,43 @@ def sampling_parameters(sampling: Sampling, lora_name: str | None = None) -> dic
     return params
 
 
+def _position(position: Mapping[str, Any], alternatives: int) -> tuple[int, float, list[tuple[int, float]]] | None:
+    """One position's dict → its first token (vLLM puts the sampled, or the prompt's, token first), that token's
+    log probability and the `alternatives` most likely tokens (by rank); None when empty."""
+    entries = [(int(token), float(entry["logprob"]), int(entry.get("rank") or 0)) for token, entry in position.items()]
+    if not entries:
+        return None
+    ranked = sorted({token: (token, logprob, rank) for token, logprob, rank in entries}.values(),
+                    key=lambda entry: (entry[2] or 10**9, -entry[1]))
+    return entries[0][0], entries[0][1], [(token, logprob) for token, logprob, _ in ranked[:alternatives]]
+
+
 def parse_logprobs(raw: str, alternatives: int) -> tuple[list[int], list[float], list[list[tuple[int, float]]]]:
     """vLLM's per-position dicts → the sampled tokens, their log probabilities, and the `alternatives` most
     likely tokens at each position (by rank)."""
     tokens, values, tops = [], [], []
     for position in json.loads(raw) or []:
-        entries = [(int(token), float(entry["logprob"]), int(entry.get("rank") or 0))
-                   for token, entry in position.items()]
-        if not entries:
-            continue
-        sampled = entries[0]  # vLLM's sampler puts the sampled token first
-        tokens.append(sampled[0])
-        values.append(sampled[1])
-        ranked = sorted({token: (token, logprob, rank) for token, logprob, rank in entries}.values(),
-                        key=lambda entry: (entry[2] or 10**9, -entry[1]))
-        tops.append([(token, logprob) for token, logprob, _ in ranked[:alternatives]])
+        parsed = _position(position, alternatives)
+        if parsed is not None:
+            tokens.append(parsed[0])
+            values.append(parsed[1])
+            tops.append(parsed[2])
     return tokens, values, tops
+
+
+def parse_prompt_logprobs(raw: str, prompt: Sequence[int], alternatives: int, model: str) -> list[PromptLogprob]:
+    """vLLM's PromptLogprobs (null first, then a dict per position, the prompt's token first) → one entry per
+    prompt token; the first token's id is the service's (nothing names it)."""
+    positions = json.loads(raw) if raw else None
+    if not isinstance(positions, list) or not positions:
+        raise ServiceError(grpc.StatusCode.INTERNAL, f"Triton model `{model}` returned no prompt_logprobs although "
+                           "the request asked for them")
+    result = [PromptLogprob(int(prompt[0]) if prompt else -1, None)]
+    for position in positions[1:]:
+        parsed = _position(position or {}, alternatives)
+        if parsed is not None:
+            result.append(PromptLogprob(*parsed))
+    return result
 
 
 def _finish_reason(value: str, model: str) -> FinishReason | None:
@@ -149,6 +179,7 @@ class Vllm:
             **self.constants, "text_input": text, "stream": True, "exclude_input_in_output": True,
             "sampling_parameters": json.dumps(params), **flags,
             "return_logprobs": True if sampling.logprobs else None,
+            "return_prompt_logprobs": True if sampling.prompt_logprobs else None,
         })
         if sampling.images:
             tensors["image"] = self.interface.tensor("image", [base64.b64encode(image).decode("ascii")
@@ -156,12 +187,14 @@ class Vllm:
         return tensors
 
     def outputs(self, sampling: Sampling) -> list[str]:
-        wanted = ["text_output", *_FLAGS.values(), *(["logprobs"] if sampling.logprobs else [])]
+        wanted = ["text_output", *_FLAGS.values(), *(["logprobs"] if sampling.logprobs else []),
+                  *(["prompt_logprobs"] if sampling.prompt_logprobs else [])]
         return [name for name in wanted if name in self.interface.outputs]
 
     async def stream(self, prompt: Sequence[int], sampling: Sampling, timeout: float | None, text: str = ""
                      ) -> AsyncGenerator[Step, None]:
         cumulative = CumulativeText(skip=len(text)) if self.cumulative else None
+        prompt_pending = sampling.prompt_logprobs  # the first response brings them
         async for result in self.triton.stream(self.pool, self.model, self.tensors(text, sampling),
                                                self.outputs(sampling), timeout, sampling.request_id):
             if "text_output" not in result:
@@ -175,6 +208,10 @@ class Vllm:
             if "logprobs" in result:
                 step.token_ids, step.logprobs, step.top_logprobs = parse_logprobs(
                     text_value(result["logprobs"]), sampling.top_logprobs)
+            if prompt_pending:
+                raw = text_value(result["prompt_logprobs"]) if "prompt_logprobs" in result else ""
+                step.prompt_logprobs = parse_prompt_logprobs(raw, prompt, sampling.top_logprobs, self.model)
+                prompt_pending = False
             yield step
         if cumulative is not None and (rest := cumulative.rest()):
             yield Step(text=rest, tokens=0)

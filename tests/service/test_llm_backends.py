@@ -124,6 +124,29 @@ async def test_knobs_a_backend_lacks_are_refused(stub: llm_pb2_grpc.LlmServiceSt
     assert ("tg-param", param) in tuple(info.value.trailing_metadata() or ())
 
 
+@pytest.mark.parametrize(("model", "declares"), [
+    ("trtllm-echo-v0", "return_context_logits input and a context_logits output"),
+    ("ft-echo", "return_context_logits input and a context_logits output"),
+    ("vllm-echo", "return_prompt_logprobs input and a prompt_logprobs output"),
+])
+async def test_echo_with_logprobs_needs_the_prompt_s_log_probabilities(stub: llm_pb2_grpc.LlmServiceStub, model: str,
+                                                                       declares: str) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await generate(stub, completion(model, "x", logprobs=True, echo=True, max_tokens=0))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and declares in str(info.value.details())
+    assert ("tg-param", "echo") in tuple(info.value.trailing_metadata() or ())
+
+
+async def test_an_engine_without_context_logits_is_a_refusal_naming_echo(stub: llm_pb2_grpc.LlmServiceStub) -> None:
+    """trtllm-echo declares the context logits, as every TensorRT-LLM model does, and fails as an engine built
+    without gather_context_logits."""
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await generate(stub, completion("trtllm-echo", "x", logprobs=True, echo=True, max_tokens=0))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "need to build engine with gather_context_logits" in str(info.value.details())
+    assert ("tg-param", "echo") in tuple(info.value.trailing_metadata() or ())
+
+
 @pytest.mark.parametrize(("model", "alternatives"), [("trtllm-echo", 0), ("vllm-echo", 2)])
 async def test_log_probabilities(stub: llm_pb2_grpc.LlmServiceStub, tokenizer: Any, model: str,
                                  alternatives: int) -> None:

@@ -41,6 +41,8 @@ model_instance_state.cc fillTritonResponse; the executor's LlmRequest::createRes
   found in cache. Please send LoRA weights with request" (and a `lora_not_cached` event). The generation
   is the echo whatever the adapter; each event of the request reports `lora_task_id`, whether the
   weights came with it (`lora_weights_sent`), and the cached weights' and config's shapes and sums.
+- `return_context_logits` (trtllm-echo declares it and `context_logits`, as every TensorRT-LLM config
+  does) fails as on an engine built without `gather_context_logits`: the echo keeps no logits.
 - Errors are INTERNAL error responses with the C++ check's text: malformed word lists (the strict
   `convertWordList` checks), `request_output_len` < 1, an empty prompt, `end_id` outside [-1, vocab),
   a request whose outputs leave out `output_ids` or `sequence_length`. A cancelled request ends with an
@@ -252,6 +254,9 @@ class TrtllmEchoModel(EchoModel):
             raise assertion("!mInputTokenIds.empty()")
         if max_new <= 0:
             raise assertion("mMaxNewTokens > 0")
+        if self.flag(request, "return_context_logits"):  # the executor's check when it takes the request
+            raise RequestError("Executor failed process requestId 1 due to the following error: [TensorRT-LLM]"
+                               "[ERROR] Return context logit need to build engine with gather_context_logits")
         if not -1 <= end_id < self.vocab_size:
             raise assertion(f"EndId ({end_id}) is not within acceptable range [-1, {self.vocab_size}).")
         beams = scalar(request, "beam_width", 1, int)

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from services.llm.backends import PromptLogprob, Step
 from services.llm.completion import JOIN_TURNS, Completion, CompletionRules, coalesce, merge
 from services.llm.detokenizer import TokenDecoding
 from tritongate.llm.v1 import llm_pb2
@@ -18,9 +19,9 @@ END_ID = 2
 
 
 def completion(tokenizer: Any, max_new: int = 50, stops: list[str] | None = None, echo: str = "",
-               stop_words: list[list[int]] | None = None) -> Completion:
+               stop_words: list[list[int]] | None = None, prompt_logprobs: bool = False) -> Completion:
     rules = CompletionRules([[END_ID], *(stop_words or [])], stops or [], TokenDecoding.of(tokenizer))
-    return Completion(0, [], rules, max_new=max_new, echo=echo)
+    return Completion(0, [], rules, max_new=max_new, echo=echo, prompt_logprobs=prompt_logprobs)
 
 
 def run(c: Completion, steps: list[list[int]], logprobs: bool = False) -> list[llm_pb2.Delta]:
@@ -75,6 +76,45 @@ def test_log_probs_of_a_split_character_go_out_with_it(tokenizer: Any) -> None:
     assert [len(d.logprobs) for d in deltas] == [1, 2, 0]
     assert [e.text_offset for e in deltas[1].logprobs] == [7, 7]  # after the echoed "Say: hi"
     assert deltas[-1].finish_reason == "stop"  # the generator ended before max_new
+
+
+def prompt_entries(tokenizer: Any, text: str) -> list[PromptLogprob]:
+    tokens = ids(tokenizer, text)
+    return [PromptLogprob(t, None if i == 0 else -i / 10, [] if i == 0 else [(t, -i / 10), (END_ID, -5.0)])
+            for i, t in enumerate(tokens)]
+
+
+def test_the_echo_waits_for_the_prompt_s_log_probabilities_and_carries_them(tokenizer: Any) -> None:
+    echo = "Say: héllo"
+    c = completion(tokenizer, echo=echo, prompt_logprobs=True)
+    assert c.start() is None  # the first step brings them
+    first = c.add(Step(ids(tokenizer, " there"), logprobs=[-0.7], prompt_logprobs=prompt_entries(tokenizer, echo)))
+    assert first is not None and first.text == echo + " there"
+    entries = list(first.logprobs)
+    prompt = ids(tokenizer, echo)
+    assert [e.token for e in entries[:len(prompt)]] == [tokenizer.decode([t]) for t in prompt]
+    assert not entries[0].HasField("logprob") and entries[1].HasField("logprob")  # the first: null
+    assert [round(e.logprob, 3) for e in entries[1:len(prompt)]] == [-i / 10 for i in range(1, len(prompt))]
+    assert [len(e.top_logprobs) for e in entries[:len(prompt)]] == [0] + [2] * (len(prompt) - 1)
+    offsets = [e.text_offset for e in entries]
+    assert offsets[0] == 0 and offsets == sorted(offsets) and offsets[len(prompt)] == len(echo)  # " there"
+    pieces = [echo[a:b] for a, b in zip(offsets[:len(prompt)], [*offsets[1:len(prompt)], len(echo)], strict=True)]
+    assert "".join(pieces) == echo and pieces[0] == "Say"
+    assert round(entries[-1].logprob, 3) == -0.7
+
+
+def test_max_tokens_0_keeps_only_the_echo_of_what_the_backend_generated(tokenizer: Any) -> None:
+    c = completion(tokenizer, max_new=0, echo="a b", prompt_logprobs=True)
+    first = c.add(Step(ids(tokenizer, " c"), logprobs=[-1.0], prompt_logprobs=prompt_entries(tokenizer, "a b")))
+    assert first is not None and first.text == "a b" and len(first.logprobs) == 2
+    assert c.add(Step(ids(tokenizer, " d"), logprobs=[-1.0])) is None
+    last = c.finish()
+    assert last.text == "" and not last.logprobs and last.finish_reason == "length" and c.consumed == 0
+
+
+def test_the_echo_still_goes_out_when_no_step_came(tokenizer: Any) -> None:
+    c = completion(tokenizer, max_new=0, echo="a b", prompt_logprobs=True)
+    assert c.finish().text == "a b"
 
 
 def test_model_infos_stop_words_of_several_tokens(tokenizer: Any) -> None:

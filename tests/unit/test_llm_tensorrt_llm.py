@@ -198,3 +198,36 @@ async def test_reused_kv_cache_blocks_are_cached_prompt_tokens() -> None:
     # Without the output (the input alone, as the demo models declare it) nothing is asked for.
     assert "return_perf_metrics" not in adapter(inputs).tensors([1], sampling())
     assert "return_perf_metrics" not in adapter().tensors([1], sampling())
+
+
+LOGITS_INPUTS = {**INPUTS, "return_context_logits": "BOOL", "return_generation_logits": "BOOL"}
+LOGITS_OUTPUTS = {**OUTPUTS, "context_logits": "FP32", "generation_logits": "FP32"}
+
+
+async def test_log_probabilities_from_the_context_and_generation_logits() -> None:
+    vocab, prompt = 6, [1, 4, 3]
+    context = np.log(np.array([[[0.05, 0.15, 0.1, 0.1, 0.5, 0.1], [0.25, 0.2, 0.15, 0.3, 0.05, 0.05],
+                                [0.5, 0.1, 0.1, 0.1, 0.1, 0.1]]], dtype=np.float32))  # [1, prompt, vocab]
+    generation = np.log(np.full((1, 1, 1, vocab), 1 / vocab, dtype=np.float32))
+    first = {**response([0], [-1.5]), "context_logits": context, "generation_logits": generation}
+    empty = {"output_ids": np.zeros((1, 1, 0), dtype=np.int32), "sequence_length": np.array([[0]], dtype=np.int32)}
+    async with FakeTriton({"m": FakeModel(triton_config(LOGITS_INPUTS, LOGITS_OUTPUTS), [first, empty])}) as triton:
+        trt = TensorRTLLM(*await triton.calling("m"), "m")
+        trt.configure(triton_config(LOGITS_INPUTS, LOGITS_OUTPUTS))
+        assert trt.supports("prompt_logprobs") and trt.supports("top_logprobs")
+        steps = [step async for step in trt.stream(prompt, sampling(logprobs=True, top_logprobs=2,
+                                                                     prompt_logprobs=True), None)]
+    assert len(steps) == 1 and steps[0].token_ids == [0] and steps[0].logprobs == [-1.5]  # the backend's own
+    scored = steps[0].prompt_logprobs
+    assert scored is not None and [p.token for p in scored] == prompt and scored[0].logprob is None
+    assert [p.logprob for p in scored[1:]] == pytest.approx([np.log(0.5), np.log(0.3)], abs=1e-6)
+    assert [t for t, _ in scored[1].top] == [4, 1] and [t for t, _ in scored[2].top] == [3, 0]
+    assert steps[0].top_logprobs is not None and len(steps[0].top_logprobs[0]) == 2
+    request = triton.requests[0]
+    assert request.outputs[-2:] == ["context_logits", "generation_logits"]
+    assert request.inputs["return_context_logits"].tolist() == [[True]]
+
+
+def test_without_the_logits_outputs_there_are_no_prompt_log_probabilities() -> None:
+    trt = adapter()
+    assert not trt.supports("prompt_logprobs") and not trt.supports("top_logprobs")

@@ -24,6 +24,11 @@ same result whatever the number of rows: on the CPU the oneDNN products of llm_l
 engine checks when it loads; where they do not, every step computes all `max_active` rows, used or not
 (llm_batch.py). (On a GPU, whose kernels may depend on more than the shapes, this is not promised.)
 
+Logits: a sequence's prefill keeps only the last position's logits, unless the sequence asks for the
+prompt's (`Sampling.context_logits`, TensorRT-LLM's `return_context_logits`); each step's are kept only
+for a sequence that asks for them (`generation_logits`). Both are vocabulary-sized per position, so a model
+sends them only to a request that asked.
+
 Devices: the weights, the KV cache and every tensor fed to the model live on `Engine.device`; the
 last-position logits come back to the CPU once per step, and choosing the tokens (penalties, grammar
 masks, sampling with each request's seeded CPU `torch.Generator`) runs there, as on a CPU-only machine:
@@ -104,6 +109,9 @@ class Sequence:
         self.logprobs: list[float] = []  # per generated token, when sampling.logprobs
         self.ranks: list[int] = []  # the chosen token's rank (1 = most likely), when sampling.logprobs
         self.top: list[list[tuple[int, float]]] = []  # alternatives per token, when sampling.top_logprobs
+        self.context_logits: Any = None  # [prompt length, vocab] float32 on the CPU, when sampling.context_logits
+        self.generation_logits: list[Any] = []  # [vocab] float32 per generated token, when sampling.generation_logits
+        self.logit_chunks: list[Any] = []  # the prompt's logits while it is prefilled (context_logits)
         self.generator: Any = None  # a torch.Generator, made on the worker thread
         self.cache: Any = None  # its own KV cache while its prompt is prefilled
         self.counts: Counter[int] = Counter()  # generated tokens, for the presence/frequency penalties
@@ -308,12 +316,17 @@ class Engine:
         try:
             done = seq.cache.get_seq_length()
             chunk = seq.prompt[done:done + self.prefill_chunk]
+            keep_all = seq.sampling.context_logits  # 0 keeps every position's logits
             out = self.model(input_ids=self.torch.tensor([chunk], device=self.device), past_key_values=seq.cache,
-                             use_cache=True, logits_to_keep=1)
+                             use_cache=True, logits_to_keep=0 if keep_all else 1)
+            if keep_all:
+                seq.logit_chunks.append(out.logits[0].float().cpu())
             if done + len(chunk) < len(seq.prompt):
                 return
             self.prefilling.pop(0)
             cache, seq.cache = seq.cache, None
+            if keep_all:
+                seq.context_logits, seq.logit_chunks = self.torch.cat(seq.logit_chunks), []
             logits = out.logits[0, -1].float().cpu()
             if seq.sampling.beam_width > 1:
                 self._start_beams(seq, logits, cache)

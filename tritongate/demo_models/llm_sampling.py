@@ -39,6 +39,9 @@ class Sampling:
     grammar: Any = None  # a compiled guide (Engine.compile_guide) every token must fit; None: free text
     beam_width: int = 1  # > 1: beam search (llm_beams.py) instead of greedy or sampled choice
     length_penalty: float = 0.0  # beam search: a hypothesis scores its log-probability / length ** this
+    context_logits: bool = False  # keep the logits of every prompt position (Sequence.context_logits)
+    generation_logits: bool = False  # keep the model's logits of every generated position (before any sampling
+    # rule: penalties, bias, bans, grammar, temperature), in Sequence.generation_logits
 
 
 def choose(torch: Any, logits: Any, seq: Sequence) -> int:
@@ -66,6 +69,8 @@ def adjust(torch: Any, logits: Any, seq: Sequence) -> Any:
     """`logits` after `seq`'s penalties, bias, bans and grammar: what greedy, sampled and beam choices
     start from."""
     s, tokens = seq.sampling, seq.tokens
+    if s.generation_logits:
+        seq.generation_logits.append(logits.clone())
     if s.bias is not None:
         logits = logits + torch.from_numpy(s.bias)
     if s.allowed_ids is not None:

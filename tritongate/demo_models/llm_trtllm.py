@@ -21,6 +21,11 @@ postprocessing (output ids → text), as the real ensemble runs the `tensorrt_ll
 - `return_log_probs`: `output_log_probs` [1, 1, tokens in this response] and `cum_log_probs` [1, 1].
   `return_num_input_tokens` / `return_num_output_tokens`: [1, 1] INT32, the latter counting every id in
   this response's `output_ids` (the prompt too, when it is there).
+- `return_context_logits`: `context_logits` [1, prompt length, vocab] FP32 in a generation's first response
+  (the logits at each prompt position: row i scores the token after prompt token i);
+  `return_generation_logits`: `generation_logits` [1, 1, tokens in this response, vocab] FP32, the model's
+  logits before any sampling rule. (The real engine returns context logits only when built with
+  `gather_context_logits`; the demo always can.)
 - Sampling: greedy unless `runtime_top_k` > 1 or `runtime_top_p` > 0 (with `temperature` > 0); the seed
   defaults to 0. `early_stopping`, `beam_search_diversity_rate`, `pad_id` and the `runtime_top_p_*` decay
   inputs are accepted and ignored.
@@ -122,9 +127,8 @@ def parse_items(inputs: Inputs, prompts: list[list[int]], *, end_id: int | None,
         if len(prompt) + max_new > max_positions:
             raise RequestError(f"prompt length ({len(prompt)}) + request_output_len ({max_new}) exceeds the "
                                f"maximum sequence length ({max_positions})")
-        for name in ("return_context_logits", "return_generation_logits", "return_perf_metrics"):
-            if inputs.scalar(name, i, False, bool):
-                raise RequestError(f"{name}: not supported by this demo model")
+        if inputs.scalar("return_perf_metrics", i, False, bool):
+            raise RequestError("return_perf_metrics: not supported by this demo model")
         beam_width = inputs.scalar("beam_width", i, 1, int)
         if not 1 <= beam_width <= max_beam_width:
             raise RequestError(f"beam_width={beam_width}: this model's max_beam_width is {max_beam_width}")
@@ -150,9 +154,14 @@ def parse_items(inputs: Inputs, prompts: list[list[int]], *, end_id: int | None,
             bias=_bias(inputs, i, vocab_size), logprobs=inputs.scalar("return_log_probs", i, False, bool),
             grammar=_grammar(inputs, i, compile_guide),
             beam_width=beam_width, length_penalty=inputs.scalar("len_penalty", i, 0.0, float),
+            context_logits=inputs.scalar("return_context_logits", i, False, bool),
+            generation_logits=inputs.scalar("return_generation_logits", i, False, bool),
         )
         if beam_width > 1 and sampling.grammar is not None:
             raise RequestError("guided decoding cannot be combined with beam search (beam_width > 1)")
+        if beam_width > 1 and (sampling.context_logits or sampling.generation_logits):
+            raise RequestError("return_context_logits and return_generation_logits cannot be combined with beam "
+                               "search (beam_width > 1) in this demo model")
         items.append(Item(prompt, sampling, count, inputs.scalar("exclude_input_in_output", i, exclude_input, bool)))
     return items
 
@@ -186,6 +195,19 @@ def _bias(inputs: Inputs, item: int, vocab_size: int) -> Any:
     if row.size != vocab_size:
         raise RequestError(f"embedding_bias has {row.size} values; the vocabulary has {vocab_size}")
     return row.astype(np.float32)
+
+
+def logit_outputs(seq: Sequence, start: int, count: int) -> dict[str, np.ndarray]:
+    """`context_logits` [1, prompt length, vocab] in a sequence's first response, and `generation_logits`
+    [1, 1, count, vocab] of generated tokens [start, start + count), where the sequence asked for them (FP32,
+    as TensorRT-LLM's default `logits_datatype`)."""
+    outputs = {}
+    if start == 0 and seq.context_logits is not None:
+        outputs["context_logits"] = seq.context_logits.numpy()[np.newaxis]
+    rows = seq.generation_logits[start:start + count]
+    if rows:
+        outputs["generation_logits"] = np.stack([row.numpy() for row in rows])[np.newaxis, np.newaxis]
+    return outputs
 
 
 class TrtllmRequest(Owner):
@@ -288,6 +310,7 @@ class TrtllmRequest(Owner):
             log_probs = seq.logprobs[start:start + count]
             outputs["output_log_probs"] = np.array(log_probs, dtype=np.float32).reshape(1, 1, len(log_probs))
             outputs["cum_log_probs"] = np.array([[sum(seq.logprobs[:start + count])]], dtype=np.float32)
+        outputs.update(logit_outputs(seq, start, count))
         if self.return_num_output_tokens:
             outputs["num_output_tokens"] = np.array([[len(ids)]], dtype=np.int32)
         self._send(seq, outputs, final)

@@ -651,7 +651,7 @@ Global___TopLogprob: _TypeAlias = TopLogprob  # noqa: Y015
 
 @_typing.final
 class TokenLogprob(_message.Message):
-    """The log probability of one generated token."""
+    """The log probability of one token: generated, or of the echoed prompt (completions' `echo`)."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -663,7 +663,7 @@ class TokenLogprob(_message.Message):
     token: _builtins.str
     """The token as text (a token that is part of a multi-byte character decodes to U+FFFD)."""
     logprob: _builtins.float
-    """Its log probability."""
+    """Its log probability; unset for the prompt's first token, which nothing before it predicts."""
     bytes: _builtins.bytes
     """Its UTF-8 bytes (empty when the tokenizer cannot tell)."""
     text_offset: _builtins.int
@@ -676,16 +676,18 @@ class TokenLogprob(_message.Message):
         self,
         *,
         token: _builtins.str = ...,
-        logprob: _builtins.float = ...,
+        logprob: _builtins.float | None = ...,
         bytes: _builtins.bytes = ...,
         text_offset: _builtins.int = ...,
         top_logprobs: _abc.Iterable[Global___TopLogprob] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_logprob", b"_logprob", "logprob", b"logprob"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes", b"bytes", "logprob", b"logprob", "text_offset", b"text_offset", "token", b"token", "top_logprobs", b"top_logprobs"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_logprob", b"_logprob", "bytes", b"bytes", "logprob", b"logprob", "text_offset", b"text_offset", "token", b"token", "top_logprobs", b"top_logprobs"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__logprob: _TypeAlias = _typing.Literal["logprob"]  # noqa: Y015
+    _WhichOneofArgType__logprob: _TypeAlias = _typing.Literal["_logprob", b"_logprob"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__logprob) -> _WhichOneofReturnType__logprob | None: ...
 
 Global___TokenLogprob: _TypeAlias = TokenLogprob  # noqa: Y015
 

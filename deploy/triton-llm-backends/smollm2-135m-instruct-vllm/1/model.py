@@ -29,6 +29,10 @@ if _site:  # the Python-backend stub runs the base interpreter: the venv's packa
   "None" while running), `cumulative_logprob`, `logprobs` (JSON `[{token_id: {logprob, rank,
   decoded_token}}]` for the new positions, or "null" without `logprobs`), `num_input_tokens` (a scalar,
   UINT32) and `num_output_tokens` (per sequence, tokens since the previous response).
+- Not the vLLM backend's: `return_prompt_logprobs` (with `prompt_logprobs` k in `sampling_parameters`)
+  adds `prompt_logprobs` to the first response: vLLM's PromptLogprobs as JSON, `null` for the first prompt
+  position, then per position `{token_id: {logprob, rank, decoded_token}}`, the prompt's token first, then
+  the k most likely (at most parameter `max_logprobs`).
 - `n` > 1: one element per sequence in every output.
 - Cancellation ends the request: streaming, with a CANCELLED error response ("Request was cancelled").
 - Errors: one error response "Error generating stream: ..." with `text_output` ["N/A"].
@@ -112,7 +116,11 @@ class Params:
             (isinstance(self.stop, list) and all(isinstance(s, str) for s in self.stop),
              "stop must be a string or a list of strings"),
             ("" not in self.stop, "stop cannot contain an empty string."),
-            (self.prompt_logprobs is None, "prompt_logprobs is not supported by this demo model"),
+            (self.prompt_logprobs is None or self.prompt_logprobs >= 0,
+             f"prompt_logprobs must be non-negative, got {self.prompt_logprobs}."),
+            (self.prompt_logprobs is None or self.prompt_logprobs <= max_logprobs,
+             f"Requested prompt logprobs of {self.prompt_logprobs}, which is greater than max allowed: "
+             f"{max_logprobs}"),
             (self.allowed_token_ids is None or len(self.allowed_token_ids) > 0, "Empty allowed_token_ids provided"),
         ]
         for ok, message in checks:
@@ -171,6 +179,7 @@ class Params:
             allowed_ids=None if self.allowed_token_ids is None else [int(t) for t in self.allowed_token_ids],
             logprobs=logprobs, top_logprobs=self.logprobs or 0,
             grammar=None if self.guide() is None else engine.compile_guide(*self.guide()),
+            context_logits=self.prompt_logprobs is not None,
         )
 
 
@@ -214,6 +223,7 @@ class Request(Owner):
         if params.stop and not params.include_stop_str_in_output:
             self.stop_buffer = max(len(s) for s in params.stop) - 1
         self.open, self.done = params.n, False
+        self.sent_prompt = False
 
     def aborted(self):
         if self.done:
@@ -293,9 +303,32 @@ class Request(Owner):
             tensors.append(pb_utils.Tensor("num_input_tokens", np.asarray(count, dtype=np.uint32)))
         if self.returns["return_num_output_tokens"]:
             tensors.append(pb_utils.Tensor("num_output_tokens", np.asarray(counts, dtype=np.uint32)))
+        if self.returns["return_prompt_logprobs"] and not self.sent_prompt:
+            self.sent_prompt = True
+            prompt = [self._prompt_logprobs(seq) for seq in self.seqs]
+            tensors.append(pb_utils.Tensor("prompt_logprobs", np.asarray(prompt, dtype=np.object_)))
         if final:
             self.done = True
         self.sender.send(pb_utils.InferenceResponse(output_tensors=tensors), flags=FINAL if final else 0)
+
+    def _prompt_logprobs(self, seq):
+        """vLLM's PromptLogprobs of `seq`'s prompt, from its context logits, as JSON."""
+        if seq.context_logits is None:
+            return b"null"
+        import torch
+
+        decode = self.model.tokenizer.decode
+        log_probs = torch.log_softmax(seq.context_logits[:-1].double(), dim=-1)
+        positions = [None]
+        for row, token in zip(log_probs, seq.prompt[1:], strict=True):
+            entry = {token: (float(row[token]), int((row > row[token]).sum()) + 1)}
+            if self.params.prompt_logprobs:
+                values, ids = torch.topk(row, self.params.prompt_logprobs)
+                for rank, (alternative, value) in enumerate(zip(ids.tolist(), values.tolist(), strict=True), 1):
+                    entry.setdefault(alternative, (value, rank))
+            positions.append({str(t): {"logprob": v, "rank": r, "decoded_token": decode([t])}
+                              for t, (v, r) in entry.items()})
+        return json.dumps(positions).encode("utf-8")
 
     def _logprobs(self, out, seq):
         if self.params.logprobs is None:
@@ -372,7 +405,7 @@ class TritonPythonModel:
             raise ValueError("When streaming, `exclude_input_in_output` = False is not allowed.")
         returns = {}
         for name in ("return_finish_reason", "return_cumulative_logprob", "return_logprobs",
-                     "return_num_input_tokens", "return_num_output_tokens"):
+                     "return_num_input_tokens", "return_num_output_tokens", "return_prompt_logprobs"):
             value = tensor(name)
             returns[name] = bool(value[0]) if value is not None else False
         params = Params(text, self.max_logprobs)

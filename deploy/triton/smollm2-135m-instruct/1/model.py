@@ -31,6 +31,11 @@ response carries every beam's whole sequence so far, `output_ids` [1, beam_width
 `sequence_length` [1, beam_width], best first; the last (FINAL) one holds the search's result, best
 first, which may differ from the beams streamed before it.
 
+Not FT's (real FT has neither): TensorRT-LLM's `return_context_logits` and `return_generation_logits`.
+With them the response that carries the first generated token has `context_logits` [1, prompt length,
+vocab] (row i scores the token after prompt token i), and each response `generation_logits` [1, 1, new,
+vocab] of the tokens new in it: the model's logits, FP32, before any sampling rule.
+
 This file is the interface only; the generation (weights, batching, sampling, stopping,
 cancellation) is the engine every demo LLM shares, tritongate/demo_models/llm_core.py.
 """
@@ -114,8 +119,26 @@ def parse(request, default_end_id, max_positions, max_beam_width):
         stop_words=_words(request, "stop_words_list"), bad_words=_words(request, "bad_words_list"),
         logprobs=_scalar(request, "is_return_log_probs", False, bool),
         beam_width=beam_width, length_penalty=_scalar(request, "len_penalty", 0.0, float),
+        context_logits=_scalar(request, "return_context_logits", False, bool),
+        generation_logits=_scalar(request, "return_generation_logits", False, bool),
     )
+    if beam_width > 1 and (sampling.context_logits or sampling.generation_logits):
+        raise RequestError("return_context_logits and return_generation_logits cannot be combined with beam "
+                           "search (beam_width > 1) in this demo model")
     return prompt, sampling
+
+
+def logit_tensors(seq):
+    """The context logits once (then dropped), and the generation logits not sent yet (then dropped)."""
+    tensors = []
+    if seq.context_logits is not None:
+        tensors.append(pb_utils.Tensor("context_logits", seq.context_logits.numpy()[None]))
+        seq.context_logits = None
+    if seq.generation_logits:
+        rows = np.stack([row.numpy() for row in seq.generation_logits])
+        tensors.append(pb_utils.Tensor("generation_logits", rows[None, None]))
+        seq.generation_logits.clear()
+    return tensors
 
 
 class Request(Owner):
@@ -168,6 +191,7 @@ class Request(Owner):
             per_token[0, 0, : len(seq.logprobs)] = seq.logprobs
             outputs.append(pb_utils.Tensor("output_log_probs", per_token))
             outputs.append(pb_utils.Tensor("cum_log_probs", np.array([[sum(seq.logprobs)]], dtype=np.float32)))
+        outputs += logit_tensors(seq)
         return pb_utils.InferenceResponse(output_tensors=outputs)
 
 
