@@ -93,9 +93,9 @@ class TritonPythonModel:
         for request in requests:
             try:
                 owner = self._parse(request)
-            except RequestError as exc:
-                request.get_response_sender().send(
-                    pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc))), flags=FINAL)
+            except RequestError as exc:  # refused before generating: INVALID_ARG, a 400 with its reason
+                error = pb_utils.TritonError(str(exc), pb_utils.TritonError.INVALID_ARG)
+                request.get_response_sender().send(pb_utils.InferenceResponse(error=error), flags=FINAL)
                 continue
             except Exception as exc:  # a preprocessing failure, reported as the ensemble reports it
                 request.get_response_sender().send(
