@@ -125,6 +125,7 @@ _PARAMS = (
     (("logit_bias", "embedding_bias"), "logit_bias"),
     (("seed",), "seed"),
     (("stop",), "stop"),
+    (("image",), "messages"),
 )
 
 

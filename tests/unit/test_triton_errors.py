@@ -71,7 +71,8 @@ def test_a_refusal_names_the_parameter_its_words_name_and_never_a_traceback() ->
 
 def test_an_error_after_the_model_answered_is_its_failure_not_a_refusal() -> None:
     """A backend that sends every error as INTERNAL failing mid-generation: what it generated was accepted."""
-    failure = InferenceServerException("Error generating stream: m: injected error after 3 tokens", "StatusCode.INTERNAL")
+    failure = InferenceServerException("Error generating stream: m: injected error after 3 tokens",
+                                       "StatusCode.INTERNAL")
     assert triton_error(failure, "m").code == grpc.StatusCode.INVALID_ARGUMENT
     assert triton_error(failure, "m", answered=True).code == grpc.StatusCode.INTERNAL
     refused = InferenceServerException("the image is too large", "StatusCode.INVALID_ARGUMENT")  # said outright
