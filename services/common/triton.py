@@ -67,21 +67,19 @@ _RULES: tuple[tuple[frozenset[str], tuple[str, ...], grpc.StatusCode], ...] = (
     (_FAILED, ("is not healthy", "stub process", "not ready", "unknown model", "is not found"),
      grpc.StatusCode.UNAVAILABLE),
 )
-# Refusals that real backends send as INTERNAL (the TensorRT-LLM backend sends every error so, the vLLM
-# backend every exception): told by their words, and only before the model's first response (an error
-# after output is the generation's failure). TensorRT-LLM checks a request's values as it enqueues it
-# ("[TensorRT-LLM][ERROR] Assertion failed: mMaxNewTokens > 0"), while "Executor failed ..." and "Error
-# encountered while populating response" are its runtime's and its own output handling's; vLLM wraps its
-# SamplingParams and prompt checks in "Error generating stream: ...", and its engine's faults too.
-_FAULTS = ("executor failed", "error encountered while populating response", "out of memory", "cuda",
-           "engine", "background loop")
-_REFUSALS = ("[tensorrt-llm][error] assertion failed", "error generating stream: ")
-
-# Inside a stream Triton sends an error response's message without its code; asked with this header (the
-# demo wheel's Triton 2.51 has it) it ends the stream with the error's gRPC status instead, so a model's
-# INVALID_ARG reaches the caller as INVALID_ARGUMENT. A Triton without it sends the message, which the
-# rules above read.
-_STREAM_HEADERS = {"triton_grpc_error": "true"}
+# Inside a stream Triton sends an error response's message without its code (a Python-backend model's
+# TritonError.INVALID_ARG arrives as its message alone), and real backends send their refusals as INTERNAL:
+# the FasterTransformer and TensorRT-LLM backends check a request as they enqueue it and fail it with the
+# library's exception ("[FT][ERROR] ...", "[TensorRT-LLM][ERROR] Assertion failed: mMaxNewTokens > 0"), the
+# vLLM backend wraps its SamplingParams and prompt checks in "Error generating stream: ...". So a refusal is
+# told by those words too, but only on the message's first line, only before the model's first response
+# (an error after output is the generation's failure), and never where the words name a fault of the
+# runtime: TensorRT-LLM's executor ("Executor failed ...") or its output handling, the device, vLLM's engine.
+# (Triton's `triton_grpc_error` header would end a stream with the code instead, but Triton 2.51 crashes
+# when a model sends its final flag apart after an error response, as TensorRT-LLM's ensemble does.)
+_REFUSALS = ("[ft][error]", "[tensorrt-llm][error]", "error generating stream: ")
+_FAULTS = ("executor failed", "error encountered while populating response", "out of memory", "cuda error",
+           "cuda runtime error", "enginecore", "enginedeaderror", "engine is dead", "background loop")
 
 READINESS_TIMEOUT_S = 2.0
 CLIENT_IDLE_S = 60.0  # a client unused this long is closed: no model has its address any more
@@ -96,8 +94,9 @@ def triton_error(exc: InferenceServerException, model: str, answered: bool = Fal
     lowered = message.lower()
     code = next((code for statuses, markers, code in _RULES
                  if status in statuses and (not markers or any(marker in lowered for marker in markers))), None)
-    if code is None and status in _FAILED and not answered and any(m in lowered for m in _REFUSALS) \
-            and not any(fault in lowered for fault in _FAULTS):
+    first_line = lowered.strip().split("\n", 1)[0]
+    if code is None and status in _FAILED and not answered and any(m in first_line for m in _REFUSALS) \
+            and not any(fault in first_line for fault in _FAULTS):
         code = grpc.StatusCode.INVALID_ARGUMENT
     if code == grpc.StatusCode.UNAVAILABLE:
         return ServiceError(code, f"Triton model `{model}` is unavailable: {message}")
@@ -339,7 +338,7 @@ class Triton:
 
         answered = False
         with self._calling(pool, endpoint) as client:
-            call = client.stream_infer(requests(), stream_timeout=timeout, headers=_STREAM_HEADERS)
+            call = client.stream_infer(requests(), stream_timeout=timeout)
             try:
                 async for result, error in call:
                     if error is not None:

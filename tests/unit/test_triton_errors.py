@@ -38,7 +38,9 @@ STUB_DOWN = "Failed to process the request(s) for model instance 'm_0_0', messag
                                     "['a', 'b'], but missing required input(s) ['c']", grpc.StatusCode.INTERNAL),
     # The model refused the request's values (a Python backend's TritonError.INVALID_ARG): the client's.
     ("StatusCode.INVALID_ARGUMENT", "beam_width=3: this model supports 1 only", grpc.StatusCode.INVALID_ARGUMENT),
-    # Backends that refuse with INTERNAL, told by their words, before anything was generated.
+    # Inside a stream (no status), and from backends that refuse with INTERNAL: told by their words on the
+    # first line, before anything was generated.
+    (None, "[FT][ERROR] beam_width=3: this model supports 1 only", grpc.StatusCode.INVALID_ARGUMENT),
     (None, "[TensorRT-LLM][ERROR] Assertion failed: mMaxNewTokens > 0 (samplingConfig.cpp:42)",
      grpc.StatusCode.INVALID_ARGUMENT),
     ("StatusCode.INTERNAL", "Error generating stream: top_p must be in (0, 1], got 0.0.",
@@ -50,6 +52,9 @@ STUB_DOWN = "Failed to process the request(s) for model instance 'm_0_0', messag
            "present in list of output tensors", grpc.StatusCode.INTERNAL),
     (None, "Error generating stream: CUDA out of memory. Tried to allocate 2.00 GiB", grpc.StatusCode.INTERNAL),
     (None, "Error generating stream: Background loop has errored already.", grpc.StatusCode.INTERNAL),
+    (None, "[FT][ERROR] CUDA runtime error: out of memory /src/fastertransformer/utils/allocator.h:181",
+     grpc.StatusCode.INTERNAL),
+    (None, "beam_width=3: this model supports 1 only", grpc.StatusCode.INTERNAL),  # no status, no words: unknown
 ])
 def test_triton_failures_map_by_status_then_by_what_failed(status: str | None, message: str,
                                                            code: grpc.StatusCode) -> None:

@@ -226,7 +226,7 @@ class Client:
             raise self.answer
         return self.answer
 
-    def stream_infer(self, requests: Any, stream_timeout: float | None, headers: dict[str, str] | None = None) -> Call:
+    def stream_infer(self, requests: Any, stream_timeout: float | None) -> Call:
         self.calls += 1
         return self.stream
 

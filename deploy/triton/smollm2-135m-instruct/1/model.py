@@ -162,9 +162,10 @@ class TritonPythonModel:
             owner = Request(request, self.trim_output)
             try:
                 prompt, sampling = parse(request, self.engine.eos_id, self.engine.max_positions)
-            except RequestError as exc:  # refused before generating: INVALID_ARG, a 400 with its reason
-                owner.sender.send(pb_utils.InferenceResponse(
-                    error=pb_utils.TritonError(str(exc), pb_utils.TritonError.INVALID_ARG)), flags=FINAL)
+            except RequestError as exc:  # refused before generating, in the words of FT's checks (INVALID_ARG,
+                # which a stream does not carry: the llm service tells a refusal by those words there)
+                error = pb_utils.TritonError(f"[FT][ERROR] {exc}", pb_utils.TritonError.INVALID_ARG)
+                owner.sender.send(pb_utils.InferenceResponse(error=error), flags=FINAL)
                 continue
             seq = Sequence(prompt, sampling, owner)
             if sampling.max_new_tokens <= 0:  # nothing to generate: the prompt, at once
