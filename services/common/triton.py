@@ -102,18 +102,19 @@ def triton_error(exc: InferenceServerException, model: str, answered: bool = Fal
         return ServiceError(code, f"Triton model `{model}` is unavailable: {message}")
     if code == grpc.StatusCode.INVALID_ARGUMENT:
         reason = message.strip().splitlines()[0] if message.strip() else status  # never a traceback
-        return ServiceError(code, f"Model `{model}` refused the request: {reason}", refused_param(lowered))
+        return ServiceError(code, f"Triton model `{model}` refused the request: {reason}",
+                            refused_param(reason.lower()))
     if status == INVALID_ARGUMENT:
         log.error("Triton model %s does not take the request the service built (a configuration mismatch: check "
                   "the model's entry against its config.pbtxt): %s", model, message)
     return ServiceError(code or grpc.StatusCode.INTERNAL, f"Triton failed on model `{model}`: {message}")
 
 
-# Words of a backend's refusal (its own names of its inputs and parameters) → the generation request's
-# parameter they stand for, named in the error; the first found wins.
+# Words of a refusal's first line (a backend's own names of its inputs and parameters) → the generation
+# request's parameter they stand for, named in the error; the first found wins.
 _PARAMS = (
+    (("min_tokens", "min_length", "mmintokens"), "min_tokens"),  # before max_tokens, which its rules name
     (("mmaxnewtokens", "max_tokens", "request_output_len", "output_len"), "max_tokens"),
-    (("min_tokens", "min_length", "mmintokens"), "min_tokens"),
     (("temperature",), "temperature"),
     (("top_p", "topp"), "top_p"),
     (("top_k", "topk"), "top_k"),

@@ -67,7 +67,10 @@ def test_a_refusal_names_the_parameter_its_words_name_and_never_a_traceback() ->
     error = triton_error(InferenceServerException("Error generating stream: top_p must be in (0, 1], got 0.0.\n"
                                                   "Traceback (most recent call last): ...", "StatusCode.INTERNAL"), "m")
     assert error.param == "top_p" and "Traceback" not in error.message
-    assert error.message == "Model `m` refused the request: Error generating stream: top_p must be in (0, 1], got 0.0."
+    assert error.message == \
+        "Triton model `m` refused the request: Error generating stream: top_p must be in (0, 1], got 0.0."
+    assert triton_error(InferenceServerException("Error generating stream: min_tokens must be less than or equal to "
+                                                 "max_tokens=16, got 20."), "m").param == "min_tokens"
     assert triton_error(InferenceServerException("[TensorRT-LLM][ERROR] Assertion failed: mMaxNewTokens > 0"),
                         "m").param == "max_tokens"
     assert triton_error(InferenceServerException("a picture is required", "StatusCode.INVALID_ARGUMENT"),
