@@ -103,6 +103,9 @@ def demo_llm_config(settings: Settings, demo_llms: tuple[str, ...]) -> Path:
         for section in ("llm", "embedding", "rerank"):
             for entry in config.get(section, []):
                 entry["grpc_url"] = f"127.0.0.1:{port}"
+    for entry in config["llm"]:  # the copy is elsewhere: a template file stays where the shipped file names it
+        if "chat_template" in entry:
+            entry["chat_template"] = str(source.parent / entry["chat_template"])
     path = settings.cache_dir / f"model_config.demo-llm.{'+'.join(demo_llms)}.{port}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(config, indent=2) + "\n")

@@ -43,37 +43,94 @@ _CHANNEL_ARGS = [
     ("grpc.max_reconnect_backoff_ms", 2000),
 ]
 
-# Triton's gRPC status (as tritonclient reports it) → what the caller sees. Triton's own INVALID_ARGUMENT
-# means the service built a bad request (a configuration mismatch, not a client mistake): INTERNAL.
-_BY_STATUS = {
-    "StatusCode.UNAVAILABLE": grpc.StatusCode.UNAVAILABLE,  # Triton unreachable, or the model not ready
-    "StatusCode.NOT_FOUND": grpc.StatusCode.UNAVAILABLE,  # the model is not loaded (e.g. being unloaded)
-    "StatusCode.DEADLINE_EXCEEDED": grpc.StatusCode.DEADLINE_EXCEEDED,
-    "StatusCode.RESOURCE_EXHAUSTED": grpc.StatusCode.RESOURCE_EXHAUSTED,
-    "StatusCode.CANCELLED": grpc.StatusCode.CANCELLED,
-}
-# Failures of the model instance rather than of the request, which Triton reports as INTERNAL, or with no
-# status at all inside a stream: a crashed Python-backend stub ("Stub process '...' is not healthy"), a
-# model that is not ready or no longer loaded. Retrying shortly can succeed: UNAVAILABLE, not INTERNAL.
-_INSTANCE_DOWN = ("is not healthy", "stub process", "not ready", "unknown model", "is not found")
-
+INVALID_ARGUMENT = "StatusCode.INVALID_ARGUMENT"
+_FAILED = frozenset({"StatusCode.INTERNAL", "StatusCode.UNKNOWN", ""})  # "": inside a stream, no status
+# Triton's failures (its gRPC status as tritonclient reports it, and words of its message, lower case) → what
+# the caller sees; the first rule that matches decides, and a failure no rule matches is INTERNAL. A
+# refusal (INVALID_ARGUMENT) is the client's: a 400 with the model's reason; a fault on this side stays 5xx.
+_RULES: tuple[tuple[frozenset[str], tuple[str, ...], grpc.StatusCode], ...] = (
+    (frozenset({"StatusCode.UNAVAILABLE"}), (), grpc.StatusCode.UNAVAILABLE),  # Triton unreachable, or not ready
+    (frozenset({"StatusCode.NOT_FOUND"}), (), grpc.StatusCode.UNAVAILABLE),  # the model is not loaded (unloading)
+    (frozenset({"StatusCode.DEADLINE_EXCEEDED"}), (), grpc.StatusCode.DEADLINE_EXCEEDED),
+    (frozenset({"StatusCode.RESOURCE_EXHAUSTED"}), (), grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (frozenset({"StatusCode.CANCELLED"}), (), grpc.StatusCode.CANCELLED),
+    # Triton's own checks of a request against the model's configuration: the service built a request the
+    # model's config.pbtxt does not take (a configuration mismatch, not the client's mistake).
+    (frozenset({INVALID_ARGUMENT}), ("unexpected inference input", "unexpected inference output", "inputs but got",
+                                     "missing required input", "data-type is", "unexpected shape for input",
+                                     "byte size mismatch", "batch-size must be", "unexpected number of string",
+                                     "is not found in model"), grpc.StatusCode.INTERNAL),
+    # The model refused the request's values (a Python backend's TritonError.INVALID_ARG, the demo models').
+    (frozenset({INVALID_ARGUMENT}), (), grpc.StatusCode.INVALID_ARGUMENT),
+    # The model instance failed, not the request: a crashed Python-backend stub ("Stub process '...' is not
+    # healthy"), a model not ready or no longer loaded. Retrying shortly can succeed.
+    (_FAILED, ("is not healthy", "stub process", "not ready", "unknown model", "is not found"),
+     grpc.StatusCode.UNAVAILABLE),
+)
+# Inside a stream Triton sends an error response's message without its code (a Python-backend model's
+# TritonError.INVALID_ARG arrives as its message alone), and real backends send their refusals as INTERNAL:
+# the FasterTransformer and TensorRT-LLM backends check a request as they enqueue it and fail it with the
+# library's exception ("[FT][ERROR] ...", "[TensorRT-LLM][ERROR] Assertion failed: mMaxNewTokens > 0"), the
+# vLLM backend wraps its SamplingParams and prompt checks in "Error generating stream: ...". So a refusal is
+# told by those words too, but only on the message's first line, only before the model's first response
+# (an error after output is the generation's failure), and never where the words name a fault of the
+# runtime: TensorRT-LLM's executor ("Executor failed ...") or its output handling, the device, vLLM's engine.
+# (Triton's `triton_grpc_error` header would end a stream with the code instead, but Triton 2.51 crashes
+# when a model sends its final flag apart after an error response, as TensorRT-LLM's ensemble does.)
+_REFUSALS = ("[ft][error]", "[tensorrt-llm][error]", "error generating stream: ")
+_FAULTS = ("executor failed", "error encountered while populating response", "out of memory", "cuda error",
+           "cuda runtime error", "enginecore", "enginedeaderror", "engine is dead", "background loop")
 
 READINESS_TIMEOUT_S = 2.0
 CLIENT_IDLE_S = 60.0  # a client unused this long is closed: no model has its address any more
 
 
-def triton_error(exc: InferenceServerException, model: str) -> ServiceError:
-    """Map a Triton failure to what the caller should see: by tritonclient's status code first; the
-    message decides only where the status cannot (INTERNAL, or none)."""
+def triton_error(exc: InferenceServerException, model: str, answered: bool = False) -> ServiceError:
+    """Map a Triton failure to what the caller should see (`_RULES`, then a refusal told by its words
+    while the model has not `answered`); a refusal carries the model's reason, and the request parameter
+    it names where the words tell (`refused_param`)."""
     status = str(exc.status() or "")
     message = exc.message() or str(exc)
-    code = _BY_STATUS.get(status)
-    if code is None and status in ("", "StatusCode.INTERNAL", "StatusCode.UNKNOWN"):
-        lowered = message.lower()
-        code = grpc.StatusCode.UNAVAILABLE if any(marker in lowered for marker in _INSTANCE_DOWN) else None
+    lowered = message.lower()
+    code = next((code for statuses, markers, code in _RULES
+                 if status in statuses and (not markers or any(marker in lowered for marker in markers))), None)
+    first_line = lowered.strip().split("\n", 1)[0]
+    if code is None and status in _FAILED and not answered and any(m in first_line for m in _REFUSALS) \
+            and not any(fault in first_line for fault in _FAULTS):
+        code = grpc.StatusCode.INVALID_ARGUMENT
     if code == grpc.StatusCode.UNAVAILABLE:
         return ServiceError(code, f"Triton model `{model}` is unavailable: {message}")
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        reason = message.strip().splitlines()[0] if message.strip() else status  # never a traceback
+        return ServiceError(code, f"Triton model `{model}` refused the request: {reason}",
+                            refused_param(reason.lower()))
+    if status == INVALID_ARGUMENT:
+        log.error("Triton model %s does not take the request the service built (a configuration mismatch: check "
+                  "the model's entry against its config.pbtxt): %s", model, message)
     return ServiceError(code or grpc.StatusCode.INTERNAL, f"Triton failed on model `{model}`: {message}")
+
+
+# Words of a refusal's first line (a backend's own names of its inputs and parameters) → the generation
+# request's parameter they stand for, named in the error; the first found wins.
+_PARAMS = (
+    (("min_tokens", "min_length", "mmintokens"), "min_tokens"),  # before max_tokens, which its rules name
+    (("mmaxnewtokens", "max_tokens", "request_output_len", "output_len"), "max_tokens"),
+    (("temperature",), "temperature"),
+    (("top_p", "topp"), "top_p"),
+    (("top_k", "topk"), "top_k"),
+    (("presence_penalty",), "presence_penalty"),
+    (("frequency_penalty",), "frequency_penalty"),
+    (("repetition_penalty",), "repetition_penalty"),
+    (("beam_width", "beamwidth", "num_beams"), "num_beams"),
+    (("logit_bias", "embedding_bias"), "logit_bias"),
+    (("seed",), "seed"),
+    (("stop",), "stop"),
+    (("image",), "messages"),
+)
+
+
+def refused_param(lowered: str) -> str | None:
+    return next((param for words, param in _PARAMS if any(word in lowered for word in words)), None)
 
 
 def make_input(name: str, array: np.ndarray) -> InferInput:
@@ -112,10 +169,11 @@ class Triton:
         self._unreachable = asyncio.Event()
 
     def _failed(self, exc: InferenceServerException, pool: TritonPool, endpoint: Endpoint,
-                model: str) -> ServiceError:
-        """The error to raise. One that says Triton or the model is unavailable takes the endpoint out of
-        the model's rotation and wakes `wait_unreachable` (the model's readiness is checked again at once)."""
-        error = triton_error(exc, model)
+                model: str, answered: bool = False) -> ServiceError:
+        """The error to raise (`answered`: the model had responded). One that says Triton or the model is
+        unavailable takes the endpoint out of the model's rotation and wakes `wait_unreachable` (the model's
+        readiness is checked again at once)."""
+        error = triton_error(exc, model, answered)
         if error.code == grpc.StatusCode.UNAVAILABLE:
             pool.found_unavailable(endpoint, exc.message() or str(exc))
             self._unreachable.set()
@@ -279,17 +337,19 @@ class Triton:
                 "request_id": request_id,
             }
 
+        answered = False
         with self._calling(pool, endpoint) as client:
             call = client.stream_infer(requests(), stream_timeout=timeout)
             try:
                 async for result, error in call:
                     if error is not None:
-                        raise self._failed(error, pool, endpoint, model)
+                        raise self._failed(error, pool, endpoint, model, answered)
+                    answered = True
                     yield outputs_of(result, outputs)
             except InferenceServerException as exc:
-                raise self._failed(exc, pool, endpoint, model) from None
+                raise self._failed(exc, pool, endpoint, model, answered) from None
             except grpc.aio.AioRpcError as exc:  # the stream's own failure (e.g. Triton unreachable) comes raw
                 raise self._failed(InferenceServerException(exc.details(), str(exc.code())), pool, endpoint,
-                                   model) from None
+                                   model, answered) from None
             finally:
                 call.cancel()

@@ -26,6 +26,7 @@ from tritongate.logs import NO_REQUEST
 
 DEFAULT_CONTEXT = 2048
 _CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx")
+COMPLETION_DEFAULT_TOKENS = 16  # a completion without max_tokens, as OpenAI's completions API and vLLM
 
 PromptParam = Literal["messages", "prompt"]  # the request parameter that holds the prompts
 
@@ -300,11 +301,11 @@ def sampling(request: llm_pb2.GenerateRequest, policy: GenerationPolicy) -> tupl
 
 def max_new_tokens(request: llm_pb2.GenerateRequest, policy: GenerationPolicy, prompt_tokens: int,
                    param: PromptParam) -> int:
-    """`max_tokens` (0 generates nothing), or the model's default (`model_infos` `max_completion_tokens`,
-    raised to `min_tokens`), within the rest of the context and the model's limit (`llm[]`
-    `max_completion_tokens`); a prompt that leaves no room, or `min_tokens` beyond it, is refused. A
-    `max_tokens` beyond the room or the limit is refused too, unless the request asks for it to be cut to
-    what they allow (`fit_max_tokens`)."""
+    """`max_tokens` (0 generates nothing), or the default: 16 for a completion of prompts (OpenAI's and
+    vLLM's), the model's (`model_infos` `max_completion_tokens`) for a chat, raised to `min_tokens`; within
+    the rest of the context and the model's limit (`llm[]` `max_completion_tokens`); a prompt that leaves
+    no room, or `min_tokens` beyond it, is refused. A `max_tokens` beyond the room or the limit is refused
+    too, unless the request asks for it to be cut to what they allow (`fit_max_tokens`)."""
     max_len, cap = policy.context_length, policy.max_completion_tokens
     if prompt_tokens >= max_len:
         raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT,
@@ -325,7 +326,8 @@ def max_new_tokens(request: llm_pb2.GenerateRequest, policy: GenerationPolicy, p
                                f"the completion). Please reduce the length of the {param} or completion.",
                                "max_tokens", "context_length_exceeded")
     else:
-        default = policy.defaults.max_new_tokens or max_len
+        default = (COMPLETION_DEFAULT_TOKENS if request.WhichOneof("input") == "prompts"
+                   else policy.defaults.max_new_tokens or max_len)
         wanted = min(max_len - prompt_tokens, cap or max_len, max(default, request.min_tokens))
     if request.min_tokens > wanted:
         raise invalid_argument(f"`min_tokens` is {request.min_tokens}, more than the {wanted} tokens this "

@@ -129,6 +129,14 @@ def test_length_and_stop_at_the_end_id(http: httpx.Client, tokenizer: Any, backe
     assert result["usage"] == {"prompt_tokens": 4, "completion_tokens": generated, "total_tokens": 4 + generated}
 
 
+def test_without_max_tokens_a_completion_has_16_tokens(http: httpx.Client, backend: EchoBackend) -> None:
+    """As OpenAI's completions API (and vLLM's): 16 tokens when `max_tokens` is not given."""
+    words = " ".join(["one"] * 40)
+    result = complete(http, backend.model, prompt=words)
+    assert result["usage"]["completion_tokens"] == 16 and result["choices"][0]["finish_reason"] == "length"
+    assert complete(http, backend.model, prompt=words, max_tokens=20)["usage"]["completion_tokens"] == 20
+
+
 def test_n_and_several_prompts(http: httpx.Client, tokenizer: Any, backend: EchoBackend) -> None:
     prompts = [ids(tokenizer, "alpha"), ids(tokenizer, "beta gamma")]
     result = complete(http, backend.model, prompt=prompts, n=2, max_tokens=2)

@@ -50,6 +50,10 @@ REAL_MODELS = {
     "/tokenize": "ft-echo",
     "/detokenize": "ft-echo",
 }
+# Chat and completions go to the echo model of each Triton LLM interface in turn, so that what each backend
+# refuses (a model's refusal is a 400 with its reason, told by its words inside a stream) is fuzzed too.
+BACKEND_MODELS = {path: ("ft-echo", "trtllm-echo", "vllm-echo") for path in ("/v1/chat/completions",
+                                                                             "/v1/completions")}
 # Each generation endpoint's cap on the tokens to generate.
 TOKEN_CAPS = {"/v1/chat/completions": ("max_tokens", "max_completion_tokens"), "/v1/completions": ("max_tokens",),
               "/v1/responses": ("max_output_tokens",), "/v1/chat/interactive": ("request_output_len",),
@@ -88,12 +92,13 @@ def _utf8(value: Any) -> Any:
     return value
 
 
-def _with_real_model(case: schemathesis.Case) -> None:
-    """The generated request for a model that exists, in valid UTF-8, so that it gets past the parser and
-    the model lookup."""
+def _with_real_model(case: schemathesis.Case, backend: int) -> None:
+    """The generated request for a model that exists (the `backend`th of BACKEND_MODELS where the path has
+    several), in valid UTF-8, so that it gets past the parser and the model lookup."""
     if case.operation.path == "/v1/models/{model_id}":
         case.path_parameters = {"model_id": REAL_MODELS["/v1/embeddings"]}
-    model = REAL_MODELS.get(case.operation.path)
+    models = BACKEND_MODELS.get(case.operation.path)
+    model = models[backend % len(models)] if models else REAL_MODELS.get(case.operation.path)
     if model is not None and isinstance(case.body, dict):
         case.body = {**_utf8(case.body), "model": model}
 
@@ -310,12 +315,12 @@ def test_edge_conforms(edge_schema: schemathesis.BaseSchema, method: str, path: 
     operation = edge_schema[path][method]
     cases = st.one_of(operation.as_strategy(GenerationMode.POSITIVE), operation.as_strategy(GenerationMode.NEGATIVE))
 
-    @hypothesis.given(case=cases, real_model=st.sampled_from([True, True, False]))
+    @hypothesis.given(case=cases, real_model=st.sampled_from([True, True, False]), backend=st.integers(0, 2))
     @hypothesis.settings(max_examples=MAX_EXAMPLES, deadline=None, derandomize=True, database=None,
                          suppress_health_check=list(hypothesis.HealthCheck))
-    def fuzz(case: schemathesis.Case, real_model: bool) -> None:
+    def fuzz(case: schemathesis.Case, real_model: bool, backend: int) -> None:
         if real_model:
-            _with_real_model(case)
+            _with_real_model(case, backend)
         _few_tokens(case)
         _check(case)
 

@@ -33,6 +33,9 @@ def write_model_config(triton_grpc_url: str, directory: Path) -> Path:
     config = json.loads((TESTS / "model_config.json").read_text())
     infos = {info["name"]: info for info in config["model_infos"]}
     demo = json.loads(ALL_DEMO_LLMS_CONFIG.read_text())
+    for entry in demo["llm"]:  # a demo template file is relative to deploy/, where that file is
+        if "chat_template" in entry:
+            entry["chat_template"] = str(ALL_DEMO_LLMS_CONFIG.parent / entry["chat_template"])
     config["llm"] += [entry for entry in demo["llm"] if entry["name"] not in infos]
     config["model_infos"] += [info for info in demo["model_infos"] if info["name"] not in infos]
     for entry in [entry for entry in config["llm"] if entry["name"] in ECHO_MODELS]:
@@ -44,7 +47,7 @@ def write_model_config(triton_grpc_url: str, directory: Path) -> Path:
     for service in SERVICES:
         for entry in config.get(service.section, []):
             entry["url"] = triton_grpc_url
-            if "chat_template" in entry:  # relative to tests/, where the template files are
+            if "chat_template" in entry:  # relative to tests/, where the template files are (else absolute)
                 entry["chat_template"] = str(TESTS / entry["chat_template"])
             for adapter in entry.get("lora_adapters", {}).values():  # also relative to tests/ (tests/lora)
                 if "path" in adapter:

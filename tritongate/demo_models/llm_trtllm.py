@@ -62,6 +62,13 @@ def _assert(condition: bool, message: str) -> None:
         raise RequestError(f"[TensorRT-LLM][ERROR] Assertion failed: {message}")
 
 
+def refusal(message: str) -> str:
+    """A refused request's error message in the words of TensorRT-LLM's checks, "[TensorRT-LLM][ERROR] ...",
+    by which the llm service tells a refusal inside a stream (where Triton sends no error code)."""
+    prefix = "[TensorRT-LLM][ERROR] "
+    return message if message.startswith(prefix) else prefix + message
+
+
 def word_list(flat: list[int]) -> list[list[int]]:
     """One batch item's [2, N] word list, flattened, as words (utils.cc `convertWordList`)."""
     listed = " ".join(str(v) for v in flat) + " "

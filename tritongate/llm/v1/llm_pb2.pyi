@@ -401,7 +401,9 @@ class GenerateRequest(_message.Message):
     n: _builtins.int
     """Number of independent completions per prompt; 0 means 1."""
     max_tokens: _builtins.int
-    """Most tokens to generate per completion; unset means the rest of the context."""
+    """Most tokens to generate per completion. Unset: 16 for prompts (as OpenAI's completions), the model's
+    default for a chat (`model_infos` `max_completion_tokens`), else the rest of the context.
+    """
     temperature: _builtins.float
     """Sampling temperature; 0 means greedy. Unset: the model's default (`model_infos`), else 1."""
     top_p: _builtins.float

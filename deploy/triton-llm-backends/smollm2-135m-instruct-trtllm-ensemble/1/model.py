@@ -34,7 +34,7 @@ import triton_python_backend_utils as pb_utils
 
 from tritongate.demo_models.llm_core import RequestError, load_engine
 from tritongate.demo_models.llm_text import IncrementalDecoder, load_tokenizer
-from tritongate.demo_models.llm_trtllm import Inputs, TrtllmRequest, parse_items
+from tritongate.demo_models.llm_trtllm import Inputs, TrtllmRequest, parse_items, refusal
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 # The ensemble's inputs that reach the tensorrt_llm step under another name.
@@ -93,9 +93,10 @@ class TritonPythonModel:
         for request in requests:
             try:
                 owner = self._parse(request)
-            except RequestError as exc:
-                request.get_response_sender().send(
-                    pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc))), flags=FINAL)
+            except RequestError as exc:  # refused before generating, in the words of TensorRT-LLM's checks
+                # (INVALID_ARG, which a stream does not carry: the llm service tells a refusal by those words there)
+                error = pb_utils.TritonError(refusal(str(exc)), pb_utils.TritonError.INVALID_ARG)
+                request.get_response_sender().send(pb_utils.InferenceResponse(error=error), flags=FINAL)
                 continue
             except Exception as exc:  # a preprocessing failure, reported as the ensemble reports it
                 request.get_response_sender().send(

@@ -19,7 +19,7 @@ import threading
 import triton_python_backend_utils as pb_utils
 
 from tritongate.demo_models.llm_core import RequestError, load_engine
-from tritongate.demo_models.llm_trtllm import Inputs, TrtllmRequest, parse_items
+from tritongate.demo_models.llm_trtllm import Inputs, TrtllmRequest, parse_items, refusal
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 REQUIRED_OUTPUTS = ("output_ids", "sequence_length")
@@ -64,9 +64,10 @@ class TritonPythonModel:
                 continue
             try:
                 owner = self._parse(request)
-            except RequestError as exc:
-                request.get_response_sender().send(
-                    pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc))), flags=FINAL)
+            except RequestError as exc:  # refused before generating, in the words of TensorRT-LLM's checks
+                # (INVALID_ARG, which a stream does not carry: the llm service tells a refusal by those words there)
+                error = pb_utils.TritonError(refusal(str(exc)), pb_utils.TritonError.INVALID_ARG)
+                request.get_response_sender().send(pb_utils.InferenceResponse(error=error), flags=FINAL)
                 continue
             if owner.request_id:
                 with self.lock:

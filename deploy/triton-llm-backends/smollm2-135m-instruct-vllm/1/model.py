@@ -21,6 +21,10 @@ if _site:  # the Python-backend stub runs the base interpreter: the venv's packa
   structured_outputs / guided_decoding (json, json_object, regex, choice, grammar; xgrammar, as vLLM). vLLM's range
   checks apply; an invalid or unknown field fails the request (the real backend fails it too, with a
   less telling message, as its parser returns None).
+- `image` (optional, base64 image files, as the backend's multimodal input): each is decoded as vLLM
+  decodes it (PIL, RGB) and its caption, "[image: WxH, mostly COLOUR]" (its size and dominant colour),
+  takes the place of the prompt's next `<image>` (`tritongate/demo_models/images.py`): the model cannot see,
+  but its answer shows the image reached it. A file that does not decode fails the request.
 - `stream`: each response holds, per sequence, the text generated since the previous response (held
   back while it could be the start of a stop string, as vLLM does); the prompt never (asking for it with
   `exclude_input_in_output` = false is an error). Without `stream`: one response, the prompt prepended
@@ -35,7 +39,8 @@ if _site:  # the Python-backend stub runs the base interpreter: the venv's packa
   the k most likely (at most parameter `max_logprobs`).
 - `n` > 1: one element per sequence in every output.
 - Cancellation ends the request: streaming, with a CANCELLED error response ("Request was cancelled").
-- Errors: one error response "Error generating stream: ..." with `text_output` ["N/A"].
+- Errors: one error response "Error generating stream: ..." with `text_output` ["N/A"]; a request refused
+  before generating says INVALID_ARG (the real backend says INTERNAL for every error).
 """
 
 import json
@@ -44,6 +49,7 @@ from dataclasses import dataclass
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from tritongate.demo_models.images import with_captions
 from tritongate.demo_models.llm_core import Owner, Sequence, load_engine
 from tritongate.demo_models.llm_sampling import Sampling
 from tritongate.demo_models.llm_text import IncrementalDecoder, load_tokenizer
@@ -368,8 +374,8 @@ class TritonPythonModel:
             except LoraError as exc:
                 self.respond_error(sender, str(exc), text=str(exc))
                 continue
-            except Exception as exc:
-                self.respond_error(sender, f"Error generating stream: {exc}")
+            except Exception as exc:  # the request's values, refused before generating: INVALID_ARG
+                self.respond_error(sender, f"Error generating stream: {exc}", code=pb_utils.TritonError.INVALID_ARG)
                 continue
             self.engine.submit(owner.seqs)
         return None
@@ -377,10 +383,12 @@ class TritonPythonModel:
     def finalize(self):
         self.engine.close()
 
-    def respond_error(self, sender, message, text="N/A"):
+    def respond_error(self, sender, message, text="N/A", code=None):
+        """The backend's error response; INTERNAL unless `code` says otherwise (the real backend sends every
+        error so: the demo's refusals say INVALID_ARG, which the llm service tells apart without it too)."""
         output = pb_utils.Tensor("text_output", np.asarray([text.encode("utf-8")], dtype=np.object_))
-        sender.send(pb_utils.InferenceResponse(output_tensors=[output], error=pb_utils.TritonError(message)),
-                    flags=FINAL)
+        error = pb_utils.TritonError(message, pb_utils.TritonError.INTERNAL if code is None else code)
+        sender.send(pb_utils.InferenceResponse(output_tensors=[output], error=error), flags=FINAL)
 
     def _parse(self, request):
         def tensor(name):
@@ -389,14 +397,15 @@ class TritonPythonModel:
 
         if tensor("embedding_request") is not None:
             raise ValueError(f"Model {self.name} does not support 'embed' request")
-        if tensor("image") is not None:
-            raise ValueError("image inputs are not supported by this demo model")
         parameters = tensor("sampling_parameters")
         text = parameters[0].decode("utf-8") if parameters is not None else request.parameters()
         if json.loads(text or "{}").get("lora_name") is not None:
             raise LoraError("LoRA feature is not enabled.")
         prompt = tensor("text_input")[0]
         prompt = prompt.decode("utf-8") if isinstance(prompt, bytes) else str(prompt)
+        images = tensor("image")
+        if images is not None:  # each image's caption where the prompt places it
+            prompt = with_captions(prompt, list(images))
         stream = tensor("stream")
         stream = bool(stream[0]) if stream is not None else False
         exclude = tensor("exclude_input_in_output")

@@ -215,8 +215,10 @@ class TritonPythonModel:
             try:
                 prompt, sampling = parse(request, self.engine.eos_id, self.engine.max_positions,
                                          self.max_beam_width)
-            except RequestError as exc:
-                owner.on_error(None, str(exc))
+            except RequestError as exc:  # refused before generating, in the words of FT's checks (INVALID_ARG,
+                # which a stream does not carry: the llm service tells a refusal by those words there)
+                error = pb_utils.TritonError(f"[FT][ERROR] {exc}", pb_utils.TritonError.INVALID_ARG)
+                owner.sender.send(pb_utils.InferenceResponse(error=error), flags=FINAL)
                 continue
             seq = Sequence(prompt, sampling, owner)
             if sampling.max_new_tokens <= 0:  # nothing to generate: the prompt, at once
