@@ -301,8 +301,8 @@ def sampling(request: llm_pb2.GenerateRequest, policy: GenerationPolicy) -> tupl
 
 def max_new_tokens(request: llm_pb2.GenerateRequest, policy: GenerationPolicy, prompt_tokens: int,
                    param: PromptParam) -> int:
-    """`max_tokens` (0 generates nothing), or the default: 16 for a completion of prompts (OpenAI's and
-    vLLM's), the model's (`model_infos` `max_completion_tokens`) for a chat, raised to `min_tokens`; within
+    """`max_tokens` (0 generates nothing), or the default: the model's (`model_infos` `max_completion_tokens`),
+    for a completion of prompts at most 16 (OpenAI's and vLLM's default), raised to `min_tokens`; within
     the rest of the context and the model's limit (`llm[]` `max_completion_tokens`); a prompt that leaves
     no room, or `min_tokens` beyond it, is refused. A `max_tokens` beyond the room or the limit is refused
     too, unless the request asks for it to be cut to what they allow (`fit_max_tokens`)."""
@@ -326,8 +326,9 @@ def max_new_tokens(request: llm_pb2.GenerateRequest, policy: GenerationPolicy, p
                                f"the completion). Please reduce the length of the {param} or completion.",
                                "max_tokens", "context_length_exceeded")
     else:
-        default = (COMPLETION_DEFAULT_TOKENS if request.WhichOneof("input") == "prompts"
-                   else policy.defaults.max_new_tokens or max_len)
+        default = policy.defaults.max_new_tokens or max_len
+        if request.WhichOneof("input") == "prompts":  # the model's own default, where smaller, still holds
+            default = min(default, COMPLETION_DEFAULT_TOKENS)
         wanted = min(max_len - prompt_tokens, cap or max_len, max(default, request.min_tokens))
     if request.min_tokens > wanted:
         raise invalid_argument(f"`min_tokens` is {request.min_tokens}, more than the {wanted} tokens this "

@@ -150,7 +150,8 @@ def test_per_model_limits_are_configurable_and_named_in_the_error(bounded: Local
         error = response.json()
         validate(error, "ErrorResponse")
         assert error["error"]["param"] == ("n" if "n" in body else "max_tokens") and limit in error["error"]["message"]
-        fits = http.post("/v1/completions", json={"model": ECHO, "prompt": "x", "n": 2})
+        fits = http.post("/v1/completions", json={"model": ECHO, "prompt": "x", "n": 2,
+                                                  "max_tokens": LIMITS["max_completion_tokens"]})  # the limit itself
         assert fits.status_code == 200, fits.text
         assert [c["finish_reason"] for c in fits.json()["choices"]] == ["length"] * 2
         assert fits.json()["usage"]["completion_tokens"] == 2 * LIMITS["max_completion_tokens"]

@@ -195,10 +195,13 @@ def test_a_default_max_tokens_caps_a_request_that_sets_none_but_may_be_exceeded(
     assert max_new_tokens(llm_pb2.GenerateRequest(min_tokens=12), defaulted, 30, "prompt") == 12
     # Under the model's limit, the smaller of the two wins.
     assert max_new_tokens(llm_pb2.GenerateRequest(), replace(defaulted, max_completion_tokens=8), 30, "prompt") == 8
-    # A completion of prompts: 16, as OpenAI's completions API, whatever the model's default for chats.
+    # A completion of prompts: 16, as OpenAI's completions API, or the model's default where it is smaller.
     prompts = llm_pb2.GenerateRequest(prompts=llm_pb2.Prompts(prompts=[llm_pb2.Prompt(text="x")]))
-    assert max_new_tokens(prompts, defaulted, 30, "prompt") == 16
-    assert max_new_tokens(prompts, defaulted, 90, "prompt") == 10  # the rest of the context
+    assert max_new_tokens(prompts, defaulted, 30, "prompt") == 10
+    assert max_new_tokens(prompts, replace(defaulted, defaults=Defaults(end_id=2, max_new_tokens=256)), 30,
+                          "prompt") == 16
+    assert max_new_tokens(prompts, policy(defaults=Defaults(end_id=2)), 30, "prompt") == 16  # no model default
+    assert max_new_tokens(prompts, policy(defaults=Defaults(end_id=2)), 90, "prompt") == 10  # the rest of the context
 
 
 def test_the_policy_is_read_from_the_model_configuration(tmp_path: Any) -> None:
