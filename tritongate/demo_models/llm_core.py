@@ -10,7 +10,8 @@ The engine owns the weights, the batching, the sampling, beam search, the stoppi
 backends (end ids, stop words as token sequences, length) and the cancellation checks; the running batch
 and its attention are in llm_batch.py, how a token is chosen (`Sampling`) in llm_sampling.py, beam search
 in llm_beams.py. Each Triton model instance is its own Python-backend stub process, so each instance
-loads the weights once (about 540 MB in float32); nothing is shared between models or instances.
+loads the weights once (about 650 MB in float32, with the copies llm_linear.py reorders); nothing is
+shared between models or instances.
 
 Scheduling: one worker thread owns the model. A new sequence's prompt is prefilled on its own, in chunks
 of `prefill_chunk` tokens interleaved with decoding steps, then the sequence joins the running batch
