@@ -271,7 +271,7 @@ def _run_edge(args: argparse.Namespace, argv: list[str], settings: Settings) -> 
 
         instrument_app(app)
     config = uvicorn.Config(app, host=settings.edge_host, port=settings.edge_port,
-                            log_level=settings.uvicorn_log_level,
+                            log_level=settings.uvicorn_log_level, timeout_keep_alive=settings.edge_keep_alive_s,
                             timeout_graceful_shutdown=int(settings.shutdown_grace_s), log_config=None, access_log=False)
     sockets = [shared_port_socket(settings.edge_host, settings.edge_port)] if args.shared_port else None
     uvicorn.Server(config).run(sockets=sockets)

@@ -64,6 +64,10 @@ class Settings(BaseSettings):
     # Edge.
     edge_host: str = "127.0.0.1"
     edge_port: int = 5100
+    # Seconds an idle client connection stays open. Longer than the clients' own idle limit (httpx, and so
+    # the openai and anthropic SDKs: 5 s; load balancers: 60 s), so that the client always closes first:
+    # with equal limits a request sent on a connection the edge is just closing fails with a reset.
+    edge_keep_alive_s: int = Field(75, ge=1)
     # gRPC target of each service (one pair of fields per entry of tritongate/registry.py; read them with
     # `target()` and `port()`).
     llm_target: str = f"127.0.0.1:{LLM.default_port}"

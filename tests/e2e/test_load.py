@@ -9,6 +9,7 @@ warm-up round of the same mix.
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
 import time
 from collections import Counter
@@ -29,6 +30,7 @@ MEMORY_SLACK_MB = 50.0
 CHAT_MODEL, EMBED_MODEL, RERANK_MODEL = "ft-echo", "all-minilm-l6-v2", "minilm-rerank"
 CHAT_TOKENS = 8
 EMBED_DIMENSIONS = 384
+HTTPX_KEEP_ALIVE_S = httpx.Limits().keepalive_expiry or 5.0
 
 
 def rss_mb(pid: int) -> float:
@@ -162,3 +164,24 @@ async def test_mixed_load_succeeds_and_memory_stays_flat(stack: LocalStack, chat
 
 def _rounded(values: dict[str, Any]) -> dict[str, float]:
     return {name: round(value, 1) for name, value in values.items()}
+
+
+
+def test_an_idle_connection_outlives_the_clients_keep_alive(stack: LocalStack) -> None:
+    """httpx (and so the openai and anthropic SDKs) reuses a connection idle for up to 5 s: the edge must keep
+    it open longer, or a request sent just as the edge closes it fails with a reset (seen under the load above).
+    """
+    conn = http.client.HTTPConnection(stack.edge_url.removeprefix("http://"), timeout=10)
+    try:
+        conn.request("GET", "/health")
+        first = conn.getresponse()
+        first.read()
+        assert first.status == 200
+        opened = conn.sock
+        time.sleep(HTTPX_KEEP_ALIVE_S + 1)
+        conn.request("GET", "/health")  # on a connection the edge closed, this fails (RemoteDisconnected)
+        second = conn.getresponse()
+        second.read()
+        assert second.status == 200 and conn.sock is opened
+    finally:
+        conn.close()
