@@ -1,0 +1,202 @@
+"""Prefix- and session-aware routing (services/common/prefix_routing.py) over two real Tritons, behind two
+edge workers and two llm service replicas that each generation reaches in turn (a Generate call per
+request, balanced round robin): a conversation's turns stay on one Triton, whose simulated KV cache
+(trtllm-echo reports the blocks it reused, 64 tokens each) then serves their shared prefix; conversations
+spread over both; a session header or `prompt_cache_key` keys a conversation the same way on every
+replica; `cache_salt` gives tenants' identical conversations keys of their own; a Triton that dies loses
+its conversations to the other without a failed request. Each Triton's own statistics say which served
+a request (one request at a time)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from launcher.stack import LocalStack
+from launcher.workers import REPLICA_PORT_STEP
+from tests.support.ports import free_port
+from tests.support.stack import TESTS, metrics_ports, stack_settings
+from tritongate.settings import default_cache_dir
+from tritongate.triton_local import TritonLaunch, TritonProcess, start_triton
+
+MODEL = "trtllm-echo"
+HEADER = "x-session-id"
+# A long system prompt that every conversation shares, as agents' do (well over a 64-token block).
+SYSTEM = "You are a careful coding agent. " + " ".join(f"Rule {i}: keep the build green." for i in range(24))
+
+
+@dataclass
+class Pair:
+    """Tritons `a` and `b` and the stack in front of them."""
+
+    root: Path
+    tritons: dict[str, TritonProcess] = field(default_factory=dict)
+    stack: LocalStack | None = None
+
+    def start_triton(self, name: str, ports: tuple[int, int, int], models_dir: Path) -> TritonProcess:
+        repository = self.root / f"repository-{name}"
+        if not repository.exists():
+            repository.mkdir()
+            (repository / MODEL).symlink_to(TESTS / "triton_models" / MODEL)
+        http, grpc, metrics = ports
+        self.tritons[name] = start_triton(TritonLaunch(
+            repositories=[repository], models_dir=models_dir, cache_dir=default_cache_dir(), http_port=http,
+            grpc_port=grpc, metrics_port=metrics, log_path=self.root / f"tritonserver-{name}.log"))
+        return self.tritons[name]
+
+    def served(self) -> dict[str, int]:
+        """Requests each live Triton has answered since it started (its statistics)."""
+        counts = {}
+        for name, triton in self.tritons.items():
+            if triton.process.poll() is None:
+                url = f"http://127.0.0.1:{triton.http_port}/v2/models/{MODEL}/stats"
+                stats = httpx.get(url, timeout=10).json()["model_stats"]
+                counts[name] = sum(int(s["inference_stats"]["success"]["count"]) for s in stats)
+        return counts
+
+    def post(self, path: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> httpx.Response:
+        assert self.stack is not None
+        return httpx.post(f"{self.stack.edge_url}{path}", json=body, headers=headers, timeout=60)
+
+    def chat(self, messages: list[dict[str, str]], headers: dict[str, str] | None = None, **extra: Any
+             ) -> tuple[str, dict[str, Any]]:
+        """One turn; the Triton that served it, and the response."""
+        before = self.served()
+        response = self.post("/v1/chat/completions", {"model": MODEL, "messages": messages, "max_tokens": 8,
+                                                      **extra}, headers)
+        assert response.status_code == 200, response.text
+        after = self.served()
+        [where] = [name for name in after if after[name] > before.get(name, 0)]
+        return where, response.json()
+
+    def replica_metric(self, metric: str) -> list[dict[tuple[tuple[str, str], ...], float]]:
+        """Each llm replica's samples of `metric`, by labels."""
+        assert self.stack is not None
+        port = self.stack.metrics_ports["llm"]
+        found = []
+        for i in range(2):
+            text = httpx.get(f"http://127.0.0.1:{port + i * REPLICA_PORT_STEP}/metrics", timeout=5).text
+            found.append({tuple(sorted(s.labels.items())): s.value for family in text_string_to_metric_families(text)
+                          for s in family.samples if s.name == metric})
+        return found
+
+
+@pytest.fixture(scope="module")
+def pair(models_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
+    root = tmp_path_factory.mktemp("routing")
+    pair = Pair(root)
+    try:
+        for name in ("a", "b"):
+            pair.start_triton(name, (free_port(), free_port(), free_port()), models_dir)
+        for triton in pair.tritons.values():
+            triton.wait_ready(300)
+        addresses = [f"127.0.0.1:{triton.grpc_port}" for triton in pair.tritons.values()]
+        full = json.loads((TESTS / "model_config.json").read_text())
+        entry = next(entry for entry in full["llm"] if entry["name"] == MODEL)
+        config = {"llm": [dict(entry, url=addresses[0], grpc_url=addresses)],
+                  "model_infos": [{"name": MODEL, "max_len": 4096}]}
+        (root / "model_config.json").write_text(json.dumps(config))
+        settings = stack_settings(root / "model_config.json", models_dir=models_dir)
+        pair.stack = LocalStack(settings, triton=pair.tritons["a"], log_dir=root / "logs",
+                                metrics_ports=metrics_ports(), processes={"edge": 2, "llm": 2},
+                                extra_env={"TRITONGATE_LLM_STREAMS": "0", "TRITONGATE_AFFINITY_HEADER": HEADER})
+        pair.stack.start()
+        yield pair
+    finally:
+        if pair.stack is not None:
+            pair.stack.stop()
+        for triton in pair.tritons.values():
+            triton.stop()
+
+
+def conversation(task: str, turns: int) -> list[dict[str, str]]:
+    """A conversation of `turns` user turns, ending with a user message."""
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": task}]
+    for turn in range(1, turns):
+        done = f"Step {turn} of {task} done: " + "changed the file and ran the tests again. " * 8  # > 64 tokens
+        messages += [{"role": "assistant", "content": done},
+                     {"role": "user", "content": f"Go on with step {turn + 1}."}]
+    return messages
+
+
+def cached(response: dict[str, Any]) -> int:
+    return int(response["usage"].get("prompt_tokens_details", {}).get("cached_tokens", 0))
+
+
+def test_a_conversations_turns_stay_on_one_triton_and_reuse_its_cache(pair: Pair) -> None:
+    homes = {}
+    for task in [f"Fix bug {i} in module {i}." for i in range(12)]:
+        where = [pair.chat(conversation(task, turns)) for turns in range(1, 5)]
+        assert {name for name, _ in where} == {where[0][0]}, (task, where)
+        # Each turn reuses the previous turn's prompt, longer each time (the system prompt alone, which every
+        # Triton has seen, would not grow).
+        reused = [cached(response) for _, response in where]
+        assert reused[1] < reused[2] < reused[3], reused
+        homes[task] = where[0][0]
+    assert set(homes.values()) == {"a", "b"}, homes  # the shared system prompt does not pull them together
+    decisions = pair.replica_metric("tritongate_routing_decisions_total")
+    for replica in decisions:  # both replicas routed turns, and agreed (every turn stayed)
+        assert replica.get((("model", MODEL), ("reason", "affinity")), 0) > 0, decisions
+    cached_tokens = pair.replica_metric("tritongate_routing_cached_tokens_total")
+    assert sum(sum(replica.values()) for replica in cached_tokens) > 0
+
+
+def test_a_session_header_and_prompt_cache_key_key_a_conversation(pair: Pair) -> None:
+    """Different conversations under one key share a Triton: the key, not the messages, decides."""
+    for keyed in ({"headers": {HEADER: "session-1"}}, {"prompt_cache_key": "agent-7"}):
+        headers = keyed.pop("headers", None)
+        names = {pair.chat(conversation(f"Task {i} of many.", 1), headers, **keyed)[0] for i in range(6)}
+        assert len(names) == 1, (keyed, names)
+    # A huge, binary-looking key is hashed, never refused.
+    where, _ = pair.chat(conversation("Anything.", 1), prompt_cache_key="\u0000\udcff" * 200_000)
+    assert where in ("a", "b")
+
+
+def test_the_configured_header_missing_falls_back_to_the_conversation(pair: Pair) -> None:
+    first, _ = pair.chat(conversation("No header here.", 1))
+    assert all(pair.chat(conversation("No header here.", turns))[0] == first for turns in (2, 3))
+
+
+def test_cache_salt_keeps_tenants_apart(pair: Pair) -> None:
+    """One conversation, word for word, goes to one Triton; under tenants' salts it is each tenant's own."""
+    same = conversation("Summarise the quarterly report.", 1)
+    assert len({pair.chat(same)[0] for _ in range(3)}) == 1
+    salted = {pair.chat(same, cache_salt=f"tenant-{i}")[0] for i in range(16)}
+    assert salted == {"a", "b"}
+    # and each tenant's own turns still stay put
+    assert len({pair.chat(same, cache_salt="tenant-3")[0] for _ in range(3)}) == 1
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+    ("/v1/completions", {"prompt": "hi"}),
+    ("/v1/responses", {"input": "hi"}),
+    ("/v1/messages", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}),
+])
+@pytest.mark.parametrize("salt", [7, ["a"], {"a": 1}, ""])
+def test_a_bad_cache_salt_is_refused_naming_it(pair: Pair, path: str, body: dict[str, Any], salt: Any) -> None:
+    response = pair.post(path, {"model": MODEL, **body, "cache_salt": salt})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    if path == "/v1/messages":  # Anthropic's error names no parameter: its message does
+        assert "cache_salt" in error["message"], error
+    else:
+        assert error["param"] == "cache_salt", error
+
+
+def test_a_triton_that_dies_loses_its_conversations_without_a_failed_request(pair: Pair) -> None:
+    """Last in the module: Triton B stays down."""
+    tasks = [f"Refactor service {i}." for i in range(12)]
+    homes = {task: pair.chat(conversation(task, 1))[0] for task in tasks}
+    assert "b" in homes.values()
+    pair.tritons["b"].kill()
+    for task in tasks:  # every turn answered: B's conversations move to A (a call that finds B gone is retried)
+        for turns in (2, 3):
+            assert pair.chat(conversation(task, turns))[0] == "a"
