@@ -27,6 +27,7 @@ from tritongate.settings import default_cache_dir
 from tritongate.triton_local import TritonLaunch, TritonProcess, start_triton
 
 MODEL = "trtllm-echo"
+Headers = dict[str, str] | dict[str, bytes] | None
 HEADER = "x-session-id"
 # A long system prompt that every conversation shares, as agents' do (well over a 64-token block).
 SYSTEM = "You are a careful coding agent. " + " ".join(f"Rule {i}: keep the build green." for i in range(24))
@@ -61,11 +62,11 @@ class Pair:
                 counts[name] = sum(int(s["inference_stats"]["success"]["count"]) for s in stats)
         return counts
 
-    def post(self, path: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> httpx.Response:
+    def post(self, path: str, body: dict[str, Any], headers: Headers = None) -> httpx.Response:
         assert self.stack is not None
         return httpx.post(f"{self.stack.edge_url}{path}", json=body, headers=headers, timeout=60)
 
-    def chat(self, messages: list[dict[str, str]], headers: dict[str, str] | None = None, **extra: Any
+    def chat(self, messages: list[dict[str, str]], headers: Headers = None, **extra: Any
              ) -> tuple[str, dict[str, Any]]:
         """One turn; the Triton that served it, and the response."""
         before = self.served()
@@ -154,8 +155,10 @@ def test_a_session_header_and_prompt_cache_key_key_a_conversation(pair: Pair) ->
         headers = keyed.pop("headers", None)
         names = {pair.chat(conversation(f"Task {i} of many.", 1), headers, **keyed)[0] for i in range(6)}
         assert len(names) == 1, (keyed, names)
-    # A huge, binary-looking key is hashed, never refused.
-    where, _ = pair.chat(conversation("Anything.", 1), prompt_cache_key="\u0000\udcff" * 200_000)
+    # Huge, binary-looking keys are hashed, never refused.
+    where, _ = pair.chat(conversation("Anything.", 1), prompt_cache_key="\u0000\u00ff\U0001f600" * 200_000)
+    assert where in ("a", "b")
+    where, _ = pair.chat(conversation("Anything.", 1), {HEADER: b"\xff\xfe" * 2000})
     assert where in ("a", "b")
 
 
