@@ -168,7 +168,7 @@ def choose(ready: Sequence[Candidate], route: Route, record: PrefixRecord, rule:
         preferred.append((max(ready, key=lambda endpoint: rank(key, endpoint.address)), "affinity"))
     by_match = sorted((e for e in ready if e.address in matches), key=lambda e: (-matches[e.address], e.in_flight))
     preferred.extend((endpoint, "prefix") for endpoint in by_match)
-    passed_over = []
+    passed_over: list[str] = []
     for endpoint, reason in preferred:
         if not rule.overloaded(endpoint.in_flight, least.in_flight):
             return Choice(endpoint, reason, matches.get(endpoint.address, 0) * BLOCK_TOKENS, passed_over)

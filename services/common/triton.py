@@ -251,7 +251,8 @@ class Triton:
     def _retry_at(self, error: ServiceError, pool: TritonPool, endpoint: Endpoint, model: str) -> Endpoint:
         """Where to try again a call that failed with `error` at `endpoint`: another ready endpoint, when
         the error says Triton or the model was unavailable there; else `error` is raised."""
-        other = pool.pick(avoid=endpoint, route=ROUTE.get(), rule=self.routing) if error.code == grpc.StatusCode.UNAVAILABLE else None
+        unavailable = error.code == grpc.StatusCode.UNAVAILABLE
+        other = pool.pick(avoid=endpoint, route=ROUTE.get(), rule=self.routing) if unavailable else None
         if other is None:
             raise error
         log.info("Triton model %s unavailable at %s; trying %s", model, endpoint.address, other.address)
