@@ -10,6 +10,7 @@ a request (one request at a time)."""
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,12 +22,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from launcher.stack import LocalStack
 from launcher.workers import REPLICA_PORT_STEP
-from tests.support.ports import free_port
+from tests.support.backends import echo_variants
+from tests.support.ports import free_port, wait_until
 from tests.support.stack import TESTS, metrics_ports, stack_settings
 from tritongate.settings import default_cache_dir
 from tritongate.triton_local import TritonLaunch, TritonProcess, start_triton
 
 MODEL = "trtllm-echo"
+SLOW = f"{MODEL}-slow"  # the same Triton model, 50 ms per token (tests/support/backends.py)
 Headers = dict[str, str] | dict[str, bytes] | None
 HEADER = "x-session-id"
 # A long system prompt that every conversation shares, as agents' do (well over a 64-token block).
@@ -77,6 +80,15 @@ class Pair:
         [where] = [name for name in after if after[name] > before.get(name, 0)]
         return where, response.json()
 
+    def address(self, name: str) -> str:
+        return f"127.0.0.1:{self.tritons[name].grpc_port}"
+
+    def per_endpoint(self, metric: str, model: str) -> list[dict[str, float]]:
+        """Each llm replica's samples of an endpoint metric of `model`, by Triton name."""
+        names = {self.address(name): name for name in self.tritons}
+        return [{names[dict(labels)["endpoint"]]: value for labels, value in replica.items()
+                 if dict(labels)["model"] == model} for replica in self.replica_metric(metric)]
+
     def replica_metric(self, metric: str) -> list[dict[tuple[tuple[str, str], ...], float]]:
         """Each llm replica's samples of `metric`, by labels."""
         assert self.stack is not None
@@ -101,8 +113,9 @@ def pair(models_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         addresses = [f"127.0.0.1:{triton.grpc_port}" for triton in pair.tritons.values()]
         full = json.loads((TESTS / "model_config.json").read_text())
         entry = next(entry for entry in full["llm"] if entry["name"] == MODEL)
-        config = {"llm": [dict(entry, url=addresses[0], grpc_url=addresses)],
-                  "model_infos": [{"name": MODEL, "max_len": 4096}]}
+        slow = next(variant for variant in echo_variants(entry) if variant["name"] == SLOW)
+        config = {"llm": [dict(model, url=addresses[0], grpc_url=addresses) for model in (entry, slow)],
+                  "model_infos": [{"name": name, "max_len": 4096} for name in (MODEL, SLOW)]}
         (root / "model_config.json").write_text(json.dumps(config))
         settings = stack_settings(root / "model_config.json", models_dir=models_dir)
         pair.stack = LocalStack(settings, triton=pair.tritons["a"], log_dir=root / "logs",
@@ -192,6 +205,51 @@ def test_a_bad_cache_salt_is_refused_naming_it(pair: Pair, path: str, body: dict
         assert "cache_salt" in error["message"], error
     else:
         assert error["param"] == "cache_salt", error
+
+
+class HeldStream:
+    """A slow streamed turn of session `session`, read in a thread of its own until it ends."""
+
+    def __init__(self, url: str, session: str) -> None:
+        self.url, self.session = url, session
+        self.chunks = 0
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        body = {"model": SLOW, "messages": conversation("Hold on.", 1), "max_tokens": 160, "stream": True}
+        with httpx.Client(base_url=self.url, timeout=120) as http, \
+                http.stream("POST", "/v1/chat/completions", json=body, headers={HEADER: self.session}) as response:
+            assert response.status_code == 200
+            for _ in response.iter_lines():
+                self.chunks += 1
+
+
+def test_a_new_conversation_goes_to_the_less_loaded_triton(pair: Pair) -> None:
+    """Turns of one busy session pile up on its Triton (past the imbalance threshold they spill over);
+    a conversation nothing is known of goes to the other, whichever replica takes it."""
+    assert pair.stack is not None
+    home, _ = pair.chat(conversation("Hold on.", 1), {HEADER: "busy"}, model=SLOW, max_tokens=1)
+    other = "b" if home == "a" else "a"
+
+    def home_busier_everywhere() -> bool:
+        in_flight = pair.per_endpoint("tritongate_triton_endpoint_in_flight", SLOW)
+        return all(replica.get(home, 0) > replica.get(other, 0) for replica in in_flight)
+
+    held: list[HeldStream] = []
+    while not home_busier_everywhere():
+        assert len(held) < 16, pair.per_endpoint("tritongate_triton_endpoint_in_flight", SLOW)
+        held.append(HeldStream(pair.stack.edge_url, "busy"))
+        wait_until(lambda: held[-1].chunks > 0, 60, "the held stream to start")
+    calls = pair.per_endpoint("tritongate_triton_endpoint_calls_total", SLOW)
+    response = pair.post("/v1/completions", {"model": SLOW, "prompt": "A conversation nobody has seen.",
+                                             "max_tokens": 1})
+    assert response.status_code == 200, response.text
+    after = pair.per_endpoint("tritongate_triton_endpoint_calls_total", SLOW)
+    added = {name: sum(r.get(name, 0) for r in after) - sum(r.get(name, 0) for r in calls) for name in (home, other)}
+    assert added == {home: 0, other: 1}, added
+    for stream in held:
+        stream.thread.join(120)
 
 
 def test_a_triton_that_dies_loses_its_conversations_without_a_failed_request(pair: Pair) -> None:
