@@ -2,9 +2,10 @@
 edge workers and two llm service replicas that each generation reaches in turn (a Generate call per
 request, balanced round robin): a conversation's turns stay on one Triton, whose simulated KV cache
 (trtllm-echo reports the blocks it reused, 64 tokens each) then serves their shared prefix; conversations
-spread over both; a session header or `prompt_cache_key` keys a conversation the same way on every
-replica; `cache_salt` gives tenants' identical conversations keys of their own; a Triton that dies loses
-its conversations to the other without a failed request. Each Triton's own statistics say which served
+spread over both, and a `previous_response_id` chain stays too; a session header or `prompt_cache_key`
+keys a conversation the same way on every replica; a conversation nothing is known of goes to the less
+loaded Triton; `cache_salt` gives tenants' identical conversations keys of their own, and one of the wrong
+type is refused; a Triton that dies loses its conversations to the other without a failed request. Each Triton's own statistics say which served
 a request (one request at a time)."""
 
 from __future__ import annotations
@@ -72,9 +73,12 @@ class Pair:
     def chat(self, messages: list[dict[str, str]], headers: Headers = None, **extra: Any
              ) -> tuple[str, dict[str, Any]]:
         """One turn; the Triton that served it, and the response."""
+        return self.turn("/v1/chat/completions", {"model": MODEL, "messages": messages, "max_tokens": 8, **extra},
+                         headers)
+
+    def turn(self, path: str, body: dict[str, Any], headers: Headers = None) -> tuple[str, dict[str, Any]]:
         before = self.served()
-        response = self.post("/v1/chat/completions", {"model": MODEL, "messages": messages, "max_tokens": 8,
-                                                      **extra}, headers)
+        response = self.post(path, body, headers)
         assert response.status_code == 200, response.text
         after = self.served()
         [where] = [name for name in after if after[name] > before.get(name, 0)]
@@ -173,6 +177,16 @@ def test_a_session_header_and_prompt_cache_key_key_a_conversation(pair: Pair) ->
     assert where in ("a", "b")
     where, _ = pair.chat(conversation("Anything.", 1), {HEADER: b"\xff\xfe" * 2000})
     assert where in ("a", "b")
+
+
+def test_a_previous_response_id_chain_stays_on_one_triton(pair: Pair) -> None:
+    for i in range(4):
+        body = {"model": MODEL, "instructions": SYSTEM, "input": f"Plan release {i}.", "max_output_tokens": 8}
+        where, response = pair.turn("/v1/responses", body)
+        for turn in range(2):
+            follow_up = {**body, "input": f"Next step {turn} " * 30, "previous_response_id": response["id"]}
+            then, response = pair.turn("/v1/responses", follow_up)
+            assert then == where, (i, turn)
 
 
 def test_the_configured_header_missing_falls_back_to_the_conversation(pair: Pair) -> None:
