@@ -19,6 +19,7 @@ never share a record entry. Nothing here talks to Triton.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
@@ -57,19 +58,20 @@ def digest(value: str | bytes, salt: bytes = b"") -> bytes:
     return hashlib.blake2b(data, digest_size=16, key=salt[:64]).digest()
 
 
-@dataclass
 class Route:
-    """What the choice knows of one generation: its prompt's block hashes, its affinity key (None: none), and
-    where its calls went (the last pick's endpoint address, and the prefix tokens estimated there)."""
+    """What the choice knows of one generation: its prompt (hashed into blocks when first needed: the
+    `least_loaded` rule never needs them), its affinity key (None: none), and where its calls went (the last
+    pick's endpoint address, and the prompt tokens the record estimated that endpoint held)."""
 
-    blocks: list[int]
-    key: bytes | None = None
-    endpoint: str = ""
-    hit_tokens: int = 0
+    def __init__(self, ids: Sequence[int], key: bytes | None = None, salt: bytes = b"") -> None:
+        self.ids, self.salt = ids, salt
+        self.key = digest(key, salt) if key is not None else None
+        self.endpoint = ""
+        self.hit_tokens = 0
 
-    @classmethod
-    def of(cls, ids: Sequence[int], key: bytes | None = None, salt: bytes = b"") -> Route:
-        return cls(block_hashes(ids, salt), digest(key, salt) if key is not None else None)
+    @functools.cached_property
+    def blocks(self) -> list[int]:
+        return block_hashes(self.ids, self.salt)
 
 
 ROUTE: ContextVar[Route | None] = ContextVar("ROUTE", default=None)

@@ -122,6 +122,8 @@ class TritonPool:
         else:
             chosen = self._route(candidates, route, rule)
         chosen.last_pick = next(self._picks)
+        if route is not None:
+            route.endpoint = chosen.address  # where its usage is counted
         return chosen
 
     def _route(self, candidates: list[Endpoint], route: Route, rule: RoutingRule) -> Endpoint:
@@ -130,7 +132,7 @@ class TritonPool:
         choice = choose(candidates, route, self.record, rule)
         chosen = self.endpoints[choice.endpoint.address]
         self.record.add(route.blocks, chosen.address)
-        route.endpoint, route.hit_tokens = chosen.address, choice.hit_tokens
+        route.hit_tokens = choice.hit_tokens
         ROUTING_DECISIONS.labels(self.name, choice.reason).inc()
         ROUTING_HIT_TOKENS.labels(self.name, chosen.address).inc(choice.hit_tokens)
         loads = [endpoint.in_flight for endpoint in candidates]

@@ -176,7 +176,7 @@ class LanguageModel(ServedModel):
         n = check_request(request, self.policy, len(prompts.ids))
         await self.ensure_ready()  # the backend and its knobs are known from here on
         plan = RequestPlan.of(self, request, prompts, n)
-        route = Route.of(prompts.ids[0], conversation_key(request), request.cache_salt)
+        route = Route(prompts.ids[0], conversation_key(request), request.cache_salt)
         ROUTE.set(route)  # for this generation's Triton calls: its task's, and those of the tasks it starts
         choices = plan.choices(self.backend, timeout)
         log.debug("%d prompt tokens, %d choices", prompts.tokens, len(choices))

@@ -5,8 +5,8 @@ request, balanced round robin): a conversation's turns stay on one Triton, whose
 spread over both, and a `previous_response_id` chain stays too; a session header or `prompt_cache_key`
 keys a conversation the same way on every replica; a conversation nothing is known of goes to the less
 loaded Triton; `cache_salt` gives tenants' identical conversations keys of their own, and one of the wrong
-type is refused; a Triton that dies loses its conversations to the other without a failed request. Each Triton's own statistics say which served
-a request (one request at a time)."""
+type is refused; a Triton that dies loses its conversations to the other without a failed request. Each
+Triton's own statistics say which served a request (one request at a time)."""
 
 from __future__ import annotations
 

@@ -41,7 +41,7 @@ def prompt(conversation: int, tokens: int) -> list[int]:
 
 def pick(pool: TritonPool, ids: list[int], key: bytes | None = None, salt: bytes = b"", rule: RoutingRule = RULE
          ) -> str:
-    endpoint = pool.pick(route=Route.of(ids, key, salt), rule=rule)
+    endpoint = pool.pick(route=Route(ids, key, salt), rule=rule)
     assert endpoint is not None
     return endpoint.address
 
@@ -137,6 +137,12 @@ async def test_least_loaded_ignores_the_route() -> None:
     ids = prompt(1, 4 * BLOCK_TOKENS)
     assert [pick(pool, ids, rule=rule) for _ in range(4)] == [A, B, A, B]
     assert decisions(pool, "load") == 0 and pool.record is None
+    route = Route(ids)
+    assert pool.pick(route=route, rule=rule) is pool.endpoints[A]
+    pool.count_usage(route, 128, 64)  # the backend's reuse is counted all the same
+    labels = {"model": pool.name, "endpoint": A}
+    assert REGISTRY.get_sample_value("tritongate_routing_cached_tokens_total", labels) == 64
+    assert "blocks" not in vars(route)  # never hashed
 
 
 async def test_a_key_picks_the_same_endpoint_in_every_replica() -> None:
@@ -182,7 +188,7 @@ async def test_an_endpoint_that_leaves_loses_only_its_conversations() -> None:
 
 async def test_a_retry_avoids_the_endpoint_that_failed() -> None:
     pool = await ready_pool(A, B)
-    route = Route.of(prompt(1, 4 * BLOCK_TOKENS), b"key")
+    route = Route(prompt(1, 4 * BLOCK_TOKENS), b"key")
     first = pool.pick(route=route, rule=RULE)
     assert first is not None
     second = pool.pick(avoid=first, route=route, rule=RULE)
@@ -191,7 +197,7 @@ async def test_a_retry_avoids_the_endpoint_that_failed() -> None:
 
 async def test_usage_is_counted_per_endpoint() -> None:
     pool = await ready_pool(A, B)
-    route = Route.of(prompt(1, 4 * BLOCK_TOKENS))
+    route = Route(prompt(1, 4 * BLOCK_TOKENS))
     endpoint = pool.pick(route=route, rule=RULE)
     assert endpoint is not None
     pool.count_usage(route, 128, 96)
