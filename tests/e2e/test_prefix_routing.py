@@ -21,7 +21,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from launcher.stack import LocalStack
+from launcher.stack import LocalStack, grpc_serving
 from launcher.workers import REPLICA_PORT_STEP
 from tests.support.backends import echo_variants
 from tests.support.ports import free_port, wait_until
@@ -80,6 +80,8 @@ class Pair:
         before = self.served()
         response = self.post(path, body, headers)
         assert response.status_code == 200, response.text
+        # Triton counts a decoupled request once it releases it, a moment after its last response.
+        wait_until(lambda: self.served() != before, 10, "Triton to count the request")
         after = self.served()
         [where] = [name for name in after if after[name] > before.get(name, 0)]
         return where, response.json()
@@ -264,6 +266,33 @@ def test_a_new_conversation_goes_to_the_less_loaded_triton(pair: Pair) -> None:
     assert added == {home: 0, other: 1}, added
     for stream in held:
         stream.thread.join(120)
+
+
+def test_conversations_keep_their_triton_across_restarts_of_an_edge_worker_and_an_llm_replica(pair: Pair) -> None:
+    """Nothing a worker or a replica remembers decides where a conversation goes: killed and started again
+    (with an empty prefix record), they send its next turns where the first went."""
+    stack = pair.stack
+    assert stack is not None
+    tasks = [f"Migrate database {i}." for i in range(4)]
+    homes = {task: pair.chat(conversation(task, 1))[0] for task in tasks}
+    killed = {name: process for name, process in stack.children if name in ("edge-1", "llm-1")}
+    assert len(killed) == 2
+    for process in killed.values():
+        process.kill()
+        process.wait()
+
+    def restarted() -> bool:
+        stack.supervisor.heal()
+        running = {name: process for name, process in stack.children if name in killed}
+        return all(running[name] is not killed[name] and running[name].poll() is None for name in killed) and \
+            grpc_serving(f"{stack.settings.service_host}:{stack.settings.llm_port}")
+
+    wait_until(restarted, 120, "the edge worker and the llm replica to start again")
+    for task in tasks:
+        for turns in (2, 3):
+            where, response = pair.chat(conversation(task, turns))
+            assert where == homes[task], task
+            assert cached(response) > 0
 
 
 def test_a_triton_that_dies_loses_its_conversations_without_a_failed_request(pair: Pair) -> None:
