@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 if TYPE_CHECKING:
     from tritongate.settings import Settings
 
-BLOCK_TOKENS = 32  # tokens per hashed block: a shorter common prefix is not worth a choice
+BLOCK_TOKENS = 64  # tokens per hashed block (TensorRT-LLM's default KV cache block); a shorter prefix is no reason
 Reason = Literal["affinity", "prefix", "load"]
 
 

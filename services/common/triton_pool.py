@@ -117,7 +117,7 @@ class TritonPool:
         candidates = [endpoint for endpoint in self.endpoints.values() if endpoint.ready and endpoint is not avoid]
         if not candidates:
             return None
-        if route is None or rule is None or not rule.prefix_aware:
+        if route is None or rule is None or not rule.prefix_aware or len(candidates) == 1:  # nothing to weigh
             chosen = min(candidates, key=lambda endpoint: (endpoint.in_flight, endpoint.last_pick))
         else:
             chosen = self._route(candidates, route, rule)
