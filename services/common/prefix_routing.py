@@ -169,7 +169,7 @@ def choose(ready: Sequence[Candidate], route: Route, record: PrefixRecord, rule:
         key = route.key
         preferred.append((max(ready, key=lambda endpoint: rank(key, endpoint.address)), "affinity"))
     by_match = sorted((e for e in ready if e.address in matches), key=lambda e: (-matches[e.address], e.in_flight))
-    preferred.extend((endpoint, "prefix") for endpoint in by_match)
+    preferred.extend((endpoint, "prefix") for endpoint in by_match if not preferred or endpoint is not preferred[0][0])
     passed_over: list[str] = []
     for endpoint, reason in preferred:
         if not rule.overloaded(endpoint.in_flight, least.in_flight):
