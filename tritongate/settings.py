@@ -161,7 +161,7 @@ class Settings(BaseSettings):
     triton_routing: Literal["prefix_aware", "least_loaded"] = "prefix_aware"
     triton_routing_imbalance_calls: int = Field(2, ge=0)
     triton_routing_imbalance_ratio: float = Field(1.5, ge=1)
-    # Prompt tokens the llm service remembers per model, over its endpoints (about 4 bytes each).
+    # Prompt tokens the llm service remembers per model, over its endpoints (about 2 bytes each).
     triton_routing_record_tokens: int = Field(4_000_000, ge=0)
     # A request header whose value names the conversation (e.g. a session id), read by the edge; unset: none.
     affinity_header: str | None = None
