@@ -12,6 +12,7 @@ the client's parameter too (edge/clients.py applies it to the service's errors).
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -81,6 +82,32 @@ class Tooling:
         return llm_pb2.ToolChoice(mode="auto" if self.tools else "none")
 
 
+@dataclass(frozen=True, slots=True)
+class Affinity:
+    """What names the generation's conversation for the choice of Triton endpoint (services/common/
+    prefix_routing.py): the client's key (`prompt_cache_key`, `user`, Anthropic's `metadata.user_id`; an
+    affinity header overrides it), and the tenant's cache salt. Both travel as digests: any size is fine."""
+
+    key: str | None = None
+    salt: str | None = None
+
+    def fill(self, proto: llm_pb2.GenerateRequest, header: str | None) -> None:
+        key = header or self.key
+        if key:
+            proto.affinity_key = _digest(key)
+        if self.salt:
+            proto.cache_salt = _digest(self.salt)
+
+
+def _digest(value: str) -> bytes:
+    return hashlib.blake2b(value.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+
+
+def affinity_header(headers: Mapping[str, str], name: str | None) -> str | None:
+    """The value of the configured affinity header (TRITONGATE_AFFINITY_HEADER); None when unset or absent."""
+    return headers.get(name) or None if name else None
+
+
 @dataclass(frozen=True)
 class GenerationInput:
     """One generation, whichever endpoint asked for it: a conversation (`messages`, with its tools and
@@ -99,6 +126,7 @@ class GenerationInput:
     echo: bool = False  # completions: the prompt before the completion
     hosted_tools: Sequence[llm_pb2.HostedTool] = ()  # tools no model can run here: never offered to it
     fit_max_tokens: bool = False  # a max_tokens above the context's room is cut to it, not refused
+    affinity: Affinity = Affinity()  # the conversation's key and the tenant's salt
     names: Mapping[str, str] = field(default_factory=dict)  # GenerateRequest field → the client's parameter
 
     def param(self, name: str) -> str:
@@ -106,7 +134,8 @@ class GenerationInput:
         return self.names.get(name, name)
 
 
-    def proto(self) -> llm_pb2.GenerateRequest:
+    def proto(self, affinity_header: str | None = None) -> llm_pb2.GenerateRequest:
+        """The GenerateRequest; `affinity_header`: the affinity header's value, which overrides the body's key."""
         proto = llm_pb2.GenerateRequest(model=self.model, logprobs=self.logprobs, top_logprobs=self.top_logprobs,
                                         echo=self.echo, hosted_tools=self.hosted_tools,
                                         fit_max_tokens=self.fit_max_tokens)
@@ -123,4 +152,5 @@ class GenerationInput:
             proto.guide.CopyFrom(self.tooling.guide)
         if self.template_variables:
             proto.chat_template_kwargs.update(dict(self.template_variables))
+        self.affinity.fill(proto, affinity_header)
         return proto

@@ -24,7 +24,7 @@ from edge.app_state import edge_state
 from edge.clients import Generation
 from edge.endpoints.common import usage_object
 from edge.endpoints.llm_common import Collected, Shape
-from edge.generation import GenerationInput
+from edge.generation import GenerationInput, affinity_header
 from edge.images import attach
 from edge.sse import data_event, sse_response
 from tritongate.common.v1 import common_pb2
@@ -124,7 +124,8 @@ async def run(request: Request, generation_input: GenerationInput, answer: Answe
     if generation_input.images:
         card = await client.directory.route(generation_input.model, client.service)
         await attach(generation_input.images, card, state.images)
-    generation = await client.generate(generation_input.proto(), generation_input.names)
+    header = affinity_header(request.headers, state.settings.affinity_header)
+    generation = await client.generate(generation_input.proto(header), generation_input.names)
     try:
         accepted = await generation.accepted()
     except BaseException:

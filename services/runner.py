@@ -10,6 +10,7 @@ import importlib
 import logging
 
 from services.common.metrics import serve_metrics
+from services.common.prefix_routing import RoutingRule
 from services.common.server import ServerOptions, ServiceSpec, run_until_signalled, start_service
 from services.common.tokenizer import keep_torch_out
 from services.common.triton import Triton
@@ -36,7 +37,7 @@ async def run_service(name: ServiceInfo | str, settings: Settings) -> None:
         raise ConfigError(f"{settings.config_file}: the `{service.section}` section is empty; "
                           f"nothing for the {service.name} service to serve")
     credentials = server_credentials(settings)  # before anything starts: a bad path fails fast
-    triton = Triton(settings.triton_timeout_s, settings.triton_dns_refresh_s)
+    triton = Triton(settings.triton_timeout_s, settings.triton_dns_refresh_s, RoutingRule.of(settings))
     spec = build_service(service, config, triton)
     if settings.metrics_port:
         serve_metrics(settings.service_host, settings.metrics_port)

@@ -154,6 +154,17 @@ class Settings(BaseSettings):
     # How often the services look up again the DNS names of their models' Triton addresses (`dns:///host:port`),
     # so that Triton pods that come and go are found (services/common/triton_pool.py).
     triton_dns_refresh_s: float = Field(5.0, gt=0)
+    # Which of a model's Triton endpoints takes a generation (docs/configuration.md, "Routing generations"):
+    # `prefix_aware` keeps a conversation where its prompt's prefix is cached, unless that endpoint has more
+    # than `imbalance_calls` and `imbalance_ratio` times the least-loaded one's calls in flight;
+    # `least_loaded` always takes the one with the fewest (embeddings and reranking always do).
+    triton_routing: Literal["prefix_aware", "least_loaded"] = "prefix_aware"
+    triton_routing_imbalance_calls: int = Field(2, ge=0)
+    triton_routing_imbalance_ratio: float = Field(1.5, ge=1)
+    # Prompt tokens the llm service remembers per model, over its endpoints (about 2 bytes each).
+    triton_routing_record_tokens: int = Field(4_000_000, ge=0)
+    # A request header whose value names the conversation (e.g. a session id), read by the edge; unset: none.
+    affinity_header: str | None = None
     # Inference RPCs one service process works on at once; more are refused (RESOURCE_EXHAUSTED → 429).
     max_in_flight: int = Field(256, gt=0)
     # Prometheus metrics of a service over HTTP on service_host:metrics_port; 0 = off.

@@ -222,7 +222,7 @@ def generation_input(body: ChatCompletionRequest) -> GenerationInput:
         model=body.model, sampling=body.sampling(body.max_completion_tokens or body.max_tokens),
         messages=messages, images=pending_images(body, messages), stream=bool(body.stream), tooling=body.tooling,
         template_variables=variables, logprobs=bool(body.logprobs), top_logprobs=body.top_logprobs or 0,
-        names=LEGACY_NAMES if body.legacy_functions else {})
+        names=LEGACY_NAMES if body.legacy_functions else {}, affinity=body.affinity)
 
 
 # The response and its stream chunks, as /openapi.json declares them (OpenAI's ChatCompletion and

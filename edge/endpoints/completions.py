@@ -67,7 +67,7 @@ def generation_input(body: CompletionRequest) -> GenerationInput:
     return GenerationInput(model=body.model, sampling=replace(body.sampling(body.max_tokens), num_beams=body.beams),
                            prompts=prompts, stream=bool(body.stream), echo=bool(body.echo),
                            logprobs=body.logprobs is not None, top_logprobs=body.logprobs or 0,
-                           names={"num_beams": "best_of"} if body.use_beam_search else {})
+                           names={"num_beams": "best_of"} if body.use_beam_search else {}, affinity=body.affinity)
 
 
 # The response (a stream chunk has the same shape), as /openapi.json declares it.

@@ -10,7 +10,7 @@ from pydantic import Field, WithJsonSchema, field_validator, model_validator
 
 from edge.endpoints.common import UINT32_MAX, OpenAIRequest
 from edge.errors import ParamError
-from edge.generation import SamplingRequest
+from edge.generation import Affinity, SamplingRequest
 from tritongate.common.v1 import common_pb2
 from tritongate.llm.v1 import llm_pb2
 from tritongate.wire import MAX_N, MAX_STOPS
@@ -25,6 +25,8 @@ N = Annotated[int, Field(ge=1, le=MAX_N)]  # each model's own `max_n` is the llm
 Seed = Annotated[int, Field(ge=-(2**63), lt=2**64)]
 TopK = Annotated[int, Field(ge=-1, le=UINT32_MAX)]  # -1 (vLLM) and 0 both mean no limit
 # Sent as float32: a larger value would arrive as infinity.
+# vLLM's `cache_salt`: tenants with different salts never share a cached prefix (nor its routing).
+CacheSalt = Annotated[str, Field(min_length=1)]
 RepetitionPenalty = Annotated[float, Field(ge=FLOAT32_TINY, le=FLOAT32_MAX)]
 # What the validators below accept, as /openapi.json declares it.
 _STOP = {"type": "string", "minLength": 1}
@@ -82,6 +84,7 @@ class GenerationRequest(OpenAIRequest):
     temperature: Temperature | None = None
     top_p: TopP | None = None
     user: str | None = None
+    prompt_cache_key: str | None = None
     # Extensions (vLLM, Chinese-LLaMA-Alpaca's server); the llm service refuses one its backend cannot honour.
     top_k: TopK | None = None
     repetition_penalty: RepetitionPenalty | None = None
@@ -93,6 +96,7 @@ class GenerationRequest(OpenAIRequest):
     ignore_eos: bool | None = False
     include_stop_str_in_output: bool | None = False
     skip_special_tokens: bool | None = None
+    cache_salt: CacheSalt | None = None
 
     @field_validator("stop")
     @classmethod
@@ -113,6 +117,10 @@ class GenerationRequest(OpenAIRequest):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def affinity(self) -> Affinity:
+        return Affinity(self.prompt_cache_key or self.user, self.cache_salt)
 
     def sampling(self, max_tokens: int | None) -> SamplingRequest:
         """The shared fields as the generation's sampling (`max_tokens` is the endpoint's own field)."""

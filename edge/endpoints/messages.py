@@ -30,7 +30,7 @@ import orjson
 from pydantic import Field, PrivateAttr, WithJsonSchema, field_validator, model_validator
 
 from edge.endpoints.common import UINT32_MAX, OpenAIRequest
-from edge.endpoints.llm_common import Collected, TopP, stop_list
+from edge.endpoints.llm_common import CacheSalt, Collected, TopP, stop_list
 from edge.endpoints.message_context import Edit, apply_edits, context_edits
 from edge.endpoints.message_input import (
     EFFORTS,
@@ -45,7 +45,7 @@ from edge.endpoints.message_input import (
 )
 from edge.endpoints.message_tools import TOOL_CHOICES, MessageTools, message_tools, tool_choice
 from edge.errors import ParamError
-from edge.generation import GenerationInput, SamplingRequest, Tooling
+from edge.generation import Affinity, GenerationInput, SamplingRequest, Tooling
 from edge.sse import EventStream, sse_response
 from tritongate.common.v1 import common_pb2
 from tritongate.llm.v1 import llm_pb2
@@ -164,6 +164,11 @@ class MessagesRequest(MessagesInput):
     top_k: Annotated[int, Field(ge=0, le=UINT32_MAX)] | None = None
     stream: bool | None = False
     metadata: Metadata | None = None
+    cache_salt: CacheSalt | None = None  # vLLM's, as on its OpenAI endpoints
+
+    @property
+    def affinity(self) -> Affinity:
+        return Affinity(self.metadata.user_id if self.metadata else None, self.cache_salt)
 
     @field_validator("stop_sequences")
     @classmethod
@@ -206,7 +211,8 @@ def generation_input(body: MessagesInput) -> GenerationInput:
                            sampling=sampling, stream=stream,
                            tooling=replace(body.tooling, guide=config.guide if config else None),
                            template_variables=_template_variables(body), hosted_tools=body.hosted_tools,
-                           fit_max_tokens=isinstance(body, MessagesRequest), names=NAMES)
+                           fit_max_tokens=isinstance(body, MessagesRequest), names=NAMES,
+                           affinity=body.affinity if isinstance(body, MessagesRequest) else Affinity())
 
 
 def answer_shape(body: MessagesRequest) -> MessageShape:

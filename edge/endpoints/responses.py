@@ -27,7 +27,7 @@ from pydantic import Field, PrivateAttr, WithJsonSchema, field_validator, model_
 
 from edge.endpoints.chat import ReasoningEffort
 from edge.endpoints.common import UINT32_MAX, OpenAIRequest
-from edge.endpoints.llm_common import Temperature, TopP
+from edge.endpoints.llm_common import CacheSalt, Temperature, TopP
 from edge.endpoints.response_input import InputMessages, input_messages
 from edge.endpoints.response_tools import (
     ResponseToolChoiceJson,
@@ -38,7 +38,7 @@ from edge.endpoints.response_tools import (
 )
 from edge.endpoints.tools import response_guide
 from edge.errors import OpenAIError, bad_request
-from edge.generation import GenerationInput, SamplingRequest, Tooling
+from edge.generation import Affinity, GenerationInput, SamplingRequest, Tooling
 from edge.images import PendingImage
 from edge.state import Space, conversation
 from tritongate.llm.v1 import llm_pb2
@@ -93,6 +93,7 @@ class ResponseRequest(OpenAIRequest):
     service_tier: ServiceTier | None = None
     truncation: Literal["auto", "disabled"] | None = None
     client_metadata: dict[str, Any] | None = None
+    cache_salt: CacheSalt | None = None
 
     _tools: ResponseTools = PrivateAttr(default_factory=ResponseTools)  # `tools`, checked
     _tooling: Tooling = PrivateAttr(default_factory=Tooling)  # what the model is offered, and text.format
@@ -142,7 +143,8 @@ def generation_input(body: ResponseRequest, history: Sequence[llm_pb2.ChatMessag
         model=body.model, messages=[*system, *history, *body.messages], images=body.images, stream=bool(body.stream),
         sampling=SamplingRequest(max_tokens=body.max_output_tokens, temperature=body.temperature, top_p=body.top_p),
         tooling=body.tooling, hosted_tools=body.request_tools.hosted, names=NAMES,
-        template_variables={"reasoning_effort": effort} if effort else {})
+        template_variables={"reasoning_effort": effort} if effort else {},
+        affinity=Affinity(body.prompt_cache_key or body.user, body.cache_salt))
 
 
 @dataclass

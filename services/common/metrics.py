@@ -56,6 +56,22 @@ ENDPOINT_READY = Gauge("tritongate_triton_endpoint_ready",
 ENDPOINT_EJECTIONS = Counter("tritongate_triton_endpoint_ejections_total",
                              "Times an endpoint was taken out of a model's rotation (a call found it unavailable, "
                              "or its readiness check said no).", _ENDPOINT)
+# Where generations went (services/common/prefix_routing.py).
+ROUTING_DECISIONS = Counter("tritongate_routing_decisions_total",
+                            "Generations sent to a Triton endpoint, by model and why that endpoint: its affinity "
+                            "key (affinity), the longest recorded prefix (prefix), or the least load (load).",
+                            ("model", "reason"))
+ROUTING_HIT_TOKENS = Counter("tritongate_routing_prefix_hit_tokens_total",
+                             "Prompt tokens the routing record estimated an endpoint held cached when it was picked.",
+                             _ENDPOINT)
+ROUTING_IMBALANCE = Gauge("tritongate_routing_imbalance",
+                          "Calls in flight on a model's busiest ready endpoint minus its least busy one's, at the "
+                          "last routed pick.", ("model",))
+ROUTING_PROMPT_TOKENS = Counter("tritongate_routing_prompt_tokens_total",
+                                "Prompt tokens of the generations sent to each endpoint.", _ENDPOINT)
+ROUTING_CACHED_TOKENS = Counter("tritongate_routing_cached_tokens_total",
+                                "Prompt tokens an endpoint's backend reported it took from its cache (usage "
+                                "`cached_tokens`).", _ENDPOINT)
 BATCHED = Counter("tritongate_batched_requests_total",
                   "Requests that shared an RPC with others (the items of EmbedBatch and RerankBatch, the "
                   "generations of GenerateMany), by that RPC's method and the request's outcome (a gRPC status "

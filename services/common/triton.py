@@ -25,6 +25,7 @@ from tritonclient.utils import (
 
 from services.common.errors import ServiceError
 from services.common.metrics import triton_call
+from services.common.prefix_routing import ROUTE, RoutingRule
 from services.common.triton_pool import DEFAULT_RESOLVE_EVERY_S, Endpoint, ReadinessUnknown, TritonPool
 from tritongate.wire import MAX_MESSAGE_BYTES
 
@@ -160,12 +161,14 @@ class Triton:
     of the rotation, and is retried once on another ready endpoint where that is safe (a unary call; a
     stream before its first response)."""
 
-    def __init__(self, timeout_s: float = 60.0, resolve_every_s: float = DEFAULT_RESOLVE_EVERY_S) -> None:
+    def __init__(self, timeout_s: float = 60.0, resolve_every_s: float = DEFAULT_RESOLVE_EVERY_S,
+                 routing: RoutingRule | None = None) -> None:
         self._clients: dict[str, InferenceServerClient] = {}
         self._used: dict[str, float] = {}  # when each client was last used (monotonic)
         self._busy: Counter[str] = Counter()  # inference calls in flight per address
         self.timeout_s = timeout_s  # for calls that carry no deadline of their own
         self.resolve_every_s = resolve_every_s  # how often the models' DNS names are looked up again
+        self.routing = routing or RoutingRule()  # for calls bound to a generation's `ROUTE`
         self._unreachable = asyncio.Event()
 
     def _failed(self, exc: InferenceServerException, pool: TritonPool, endpoint: Endpoint,
@@ -180,7 +183,7 @@ class Triton:
         return error
 
     def _pick(self, pool: TritonPool, model: str) -> Endpoint:
-        endpoint = pool.pick()
+        endpoint = pool.pick(route=ROUTE.get(), rule=self.routing)
         if endpoint is None:
             self._unreachable.set()
             raise ServiceError(grpc.StatusCode.UNAVAILABLE,
@@ -248,7 +251,8 @@ class Triton:
     def _retry_at(self, error: ServiceError, pool: TritonPool, endpoint: Endpoint, model: str) -> Endpoint:
         """Where to try again a call that failed with `error` at `endpoint`: another ready endpoint, when
         the error says Triton or the model was unavailable there; else `error` is raised."""
-        other = pool.pick(avoid=endpoint) if error.code == grpc.StatusCode.UNAVAILABLE else None
+        unavailable = error.code == grpc.StatusCode.UNAVAILABLE
+        other = pool.pick(avoid=endpoint, route=ROUTE.get(), rule=self.routing) if unavailable else None
         if other is None:
             raise error
         log.info("Triton model %s unavailable at %s; trying %s", model, endpoint.address, other.address)

@@ -12,7 +12,9 @@ answer in time (a busy Triton answers late); the next one takes it out, as a pro
 would. The model is ready while one endpoint is.
 
 Calls go to the endpoint in rotation with the fewest calls of this model in flight (a stream counts
-until it ends), so that a slow replica gets fewer; ties go to the one picked longest ago.
+until it ends), so that a slow replica gets fewer; ties go to the one picked longest ago. A generation
+with a `Route` goes where its prompt's prefix is likely cached (services/common/prefix_routing.py), unless
+that endpoint is overloaded; an endpoint that leaves the rotation loses its record there.
 Nothing here talks to Triton: the readiness check is given (services/common/triton.py makes it).
 """
 
@@ -28,7 +30,18 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from services.common.metrics import ENDPOINT_CALLS, ENDPOINT_EJECTIONS, ENDPOINT_IN_FLIGHT, ENDPOINT_READY
+from services.common.metrics import (
+    ENDPOINT_CALLS,
+    ENDPOINT_EJECTIONS,
+    ENDPOINT_IN_FLIGHT,
+    ENDPOINT_READY,
+    ROUTING_CACHED_TOKENS,
+    ROUTING_DECISIONS,
+    ROUTING_HIT_TOKENS,
+    ROUTING_IMBALANCE,
+    ROUTING_PROMPT_TOKENS,
+)
+from services.common.prefix_routing import BLOCK_TOKENS, PrefixRecord, Route, RoutingRule, choose
 from tritongate.triton_address import TritonAddress
 
 log = logging.getLogger(__name__)
@@ -83,6 +96,7 @@ class TritonPool:
         self._next_resolve = 0.0
         self._picks = itertools.count()
         self.endpoints: dict[str, Endpoint] = {}
+        self.record: PrefixRecord | None = None  # made at the first routed pick, of the rule's size
         self._update({a.host_port for a in self.addresses if not a.dns})
 
     def __str__(self) -> str:
@@ -95,15 +109,46 @@ class TritonPool:
     def ready(self) -> list[Endpoint]:
         return [endpoint for endpoint in self.endpoints.values() if endpoint.ready]
 
-    def pick(self, avoid: Endpoint | None = None) -> Endpoint | None:
+    def pick(self, avoid: Endpoint | None = None, route: Route | None = None, rule: RoutingRule | None = None
+             ) -> Endpoint | None:
         """The ready endpoint (other than `avoid`) with the fewest calls in flight, the one picked longest
-        ago among equals; None when there is none."""
+        ago among equals; with a `route` (and a prefix-aware `rule`), the one `choose` says, its prompt then
+        recorded there. None when there is none."""
         candidates = [endpoint for endpoint in self.endpoints.values() if endpoint.ready and endpoint is not avoid]
         if not candidates:
             return None
-        chosen = min(candidates, key=lambda endpoint: (endpoint.in_flight, endpoint.last_pick))
+        if route is None or rule is None or not rule.prefix_aware or len(candidates) == 1:  # nothing to weigh
+            chosen = min(candidates, key=lambda endpoint: (endpoint.in_flight, endpoint.last_pick))
+        else:
+            chosen = self._route(candidates, route, rule)
         chosen.last_pick = next(self._picks)
+        if route is not None:
+            route.endpoint = chosen.address  # where its usage is counted
         return chosen
+
+    def _route(self, candidates: list[Endpoint], route: Route, rule: RoutingRule) -> Endpoint:
+        if self.record is None:
+            self.record = PrefixRecord(rule.record_tokens // BLOCK_TOKENS)
+        choice = choose(candidates, route, self.record, rule)
+        chosen = self.endpoints[choice.endpoint.address]
+        self.record.add(route.blocks, chosen.address)
+        route.hit_tokens = choice.hit_tokens
+        ROUTING_DECISIONS.labels(self.name, choice.reason).inc()
+        ROUTING_HIT_TOKENS.labels(self.name, chosen.address).inc(choice.hit_tokens)
+        loads = [endpoint.in_flight for endpoint in candidates]
+        ROUTING_IMBALANCE.labels(self.name).set(max(loads) - min(loads))
+        if choice.passed_over:
+            log.debug("model %s: %s overloaded; %s takes the call", self.name, ", ".join(choice.passed_over),
+                      chosen.address)
+        return chosen
+
+    def count_usage(self, route: Route, prompt_tokens: int, cached_tokens: int) -> None:
+        """The prompt tokens a routed generation sent to its endpoint, and those the backend said it had cached."""
+        endpoint = self.endpoints.get(route.endpoint)
+        if endpoint is None or endpoint.gone:
+            return
+        ROUTING_PROMPT_TOKENS.labels(self.name, endpoint.address).inc(prompt_tokens)
+        ROUTING_CACHED_TOKENS.labels(self.name, endpoint.address).inc(cached_tokens)
 
     @contextmanager
     def calling(self, endpoint: Endpoint) -> Iterator[None]:
@@ -178,6 +223,8 @@ class TritonPool:
         """Record a readiness (None: ready); returns whether the endpoint was ready, and checked, before."""
         before = endpoint.ready, endpoint.why_not != "not checked yet"
         endpoint.ready, endpoint.why_not = why_not is None, why_not or ""
+        if before[0] and not endpoint.ready and self.record is not None:
+            self.record.forget(endpoint.address)  # a Triton that comes back may have lost its cache
         ENDPOINT_READY.labels(self.name, endpoint.address).set(1 if endpoint.ready else 0)
         return before
 
@@ -228,7 +275,10 @@ class TritonPool:
         for address in sorted(self.endpoints.keys() - wanted):
             endpoint = self.endpoints.pop(address)
             endpoint.gone, endpoint.ready = True, False
+            if self.record is not None:
+                self.record.forget(address)
             log.info("model %s: Triton endpoint %s left (%d in flight there)", self.name, address, endpoint.in_flight)
-            for metric in (ENDPOINT_CALLS, ENDPOINT_EJECTIONS, ENDPOINT_IN_FLIGHT, ENDPOINT_READY):
+            for metric in (ENDPOINT_CALLS, ENDPOINT_EJECTIONS, ENDPOINT_IN_FLIGHT, ENDPOINT_READY, ROUTING_HIT_TOKENS,
+                           ROUTING_PROMPT_TOKENS, ROUTING_CACHED_TOKENS):
                 with contextlib.suppress(KeyError):  # never labelled
                     metric.remove(self.name, address)

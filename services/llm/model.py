@@ -4,6 +4,7 @@ the Triton backend the adapter `services/llm/detect.py` picks, and their deltas 
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -14,6 +15,7 @@ from google.protobuf import json_format, struct_pb2
 
 from services.common.errors import ServiceError, invalid_argument
 from services.common.metrics import Stages
+from services.common.prefix_routing import ROUTE, Route
 from services.common.server import ServedModel
 from services.common.tokenizer import load_tokenizer
 from services.common.triton import Triton
@@ -174,6 +176,8 @@ class LanguageModel(ServedModel):
         n = check_request(request, self.policy, len(prompts.ids))
         await self.ensure_ready()  # the backend and its knobs are known from here on
         plan = RequestPlan.of(self, request, prompts, n)
+        route = Route(prompts.ids[0], conversation_key(request), request.cache_salt)
+        ROUTE.set(route)  # for this generation's Triton calls: its task's, and those of the tasks it starts
         choices = plan.choices(self.backend, timeout)
         log.debug("%d prompt tokens, %d choices", prompts.tokens, len(choices))
         yield llm_pb2.GenerateResponse(accepted=llm_pb2.Accepted(prompt_tokens=prompts.tokens, choices=len(choices)),
@@ -183,4 +187,20 @@ class LanguageModel(ServedModel):
             for delta in coalesce(batch):
                 yield llm_pb2.GenerateResponse(delta=delta)
         stages.inference = time.perf_counter() - start
-        yield llm_pb2.GenerateResponse(usage=plan.usage(choices), timings=stages.proto())
+        usage = plan.usage(choices)
+        self.triton_pool.count_usage(route, usage.prompt_tokens, usage.cached_tokens)
+        yield llm_pb2.GenerateResponse(usage=usage, timings=stages.proto())
+
+
+def conversation_key(request: llm_pb2.GenerateRequest) -> bytes | None:
+    """What names the request's conversation for the choice of Triton endpoint: the client's key, else a
+    chat's start (its messages up to its first user message, which every later turn repeats, and which
+    tells apart conversations that share a long system prompt); None for prompts without a key."""
+    if request.affinity_key or request.WhichOneof("input") != "chat":
+        return request.affinity_key or None
+    start = hashlib.blake2b(b"chat", digest_size=16)
+    for message in request.chat.messages:
+        start.update(message.SerializeToString(deterministic=True))
+        if message.role == "user":
+            break
+    return start.digest()

@@ -101,8 +101,11 @@ def replicas(models_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
         }
         (root / "model_config.json").write_text(json.dumps(config))
         settings = stack_settings(root / "model_config.json", models_dir=models_dir)
+        # The least-loaded rule for generations too: the two streams of one chat below go one to each Triton
+        # (prefix-aware routing, which would keep them together, has tests/e2e/test_prefix_routing.py).
         replicas.stack = LocalStack(settings, triton=replicas.tritons["a"], log_dir=root / "logs",
-                                    metrics_ports=metrics_ports())
+                                    metrics_ports=metrics_ports(),
+                                    extra_env={"TRITONGATE_TRITON_ROUTING": "least_loaded"})
         replicas.stack.start()
         yield replicas
     finally:
