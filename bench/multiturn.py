@@ -98,12 +98,15 @@ class Words:
     """English words of about `n` tokens (the tokenizer's tokens per word, measured once)."""
 
     def __init__(self, tokenizer: Any) -> None:
-        sample = " ".join(random.Random(0).choices(WORDS, k=2000))
+        sample = self._join(random.Random(0).choices(WORDS, k=2000))
         self.tokens_per_word = len(tokenizer.encode(sample, add_special_tokens=False)) / 2000
 
     def text(self, rng: random.Random, tokens: int) -> str:
-        words = rng.choices(WORDS, k=max(1, round(tokens / self.tokens_per_word)))
-        # Sentences, as a file or a tool's output would have them.
+        return self._join(rng.choices(WORDS, k=max(1, round(tokens / self.tokens_per_word))))
+
+    @staticmethod
+    def _join(words: list[str]) -> str:
+        """Sentences, as a file or a tool's output would have them."""
         return " ".join(w + (".\n" if i % 17 == 16 else "") for i, w in enumerate(words)).replace("\n ", "\n")
 
 

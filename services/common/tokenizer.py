@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 import sys
+import threading
+from array import array
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -55,3 +60,96 @@ def text_encoder(tokenizer: PreTrainedTokenizerBase, side: str | None, max_lengt
         backend.no_truncation()
     encode = getattr(backend, "encode_batch_fast", backend.encode_batch)  # no offsets (tokenizers >= 0.21)
     return lambda texts: [encoding.ids for encoding in encode(texts)]
+
+
+# Tokens a prefix cache keeps per tokenizer (int32: 4 bytes each), a few dozen long conversations' prompts.
+PREFIX_CACHE_TOKENS = 4_000_000
+# Texts a cut token must split cleanly (a tokenizer that treats the start of its input apart, such as
+# Metaspace's prepend_scheme "first", fails them: its cut tokens are not used).
+_PROBES = ("x", " x", "\nx", "  x y", "1.5", "Ünïcode ✓", "\n\n", "x\n", ".")
+
+
+class PrefixCache:
+    """Token ids of texts that start with an earlier text, as `tokenizer.encode(text, add_special_tokens=
+    False)` gives them, without tokenizing the earlier part again: a conversation's next turn through its
+    chat template starts with the previous turn's prompt.
+
+    A fast tokenizer splits its input at special tokens before anything else and tokenizes the pieces
+    apart, so the ids of a text are the ids of its part up to the end of a special token followed by
+    those of the rest. Those cuts are only taken after the tokenizer's special tokens that split cleanly:
+    not normalized, stripping no whitespace after them, no part of a longer added token, and checked on
+    probe texts at start. The ids of the text up to its last cut are kept, keyed by a hash of that text,
+    at most `max_tokens` in all, the least recently used dropped first; a later text takes the longest
+    kept prefix it starts with. A tokenizer without such a token gets plain `encode`."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, max_tokens: int = PREFIX_CACHE_TOKENS) -> None:
+        self.tokenizer = tokenizer
+        self.max_tokens = max_tokens
+        self.cuts = _clean_cuts(tokenizer)
+        self.pattern = re.compile("|".join(map(re.escape, sorted(self.cuts, key=len, reverse=True))))
+        self.kept: OrderedDict[bytes, array[int]] = OrderedDict()
+        self.tokens = 0
+        self.lock = threading.Lock()
+
+    def _encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False)) if text else []
+
+    def encode(self, text: str) -> list[int]:
+        if not self.cuts:
+            return self._encode(text)
+        ends, digests = [], []
+        digest = hashlib.blake2b(digest_size=16)
+        done = 0
+        for match in self.pattern.finditer(text):
+            digest.update(text[done:match.end()].encode("utf-8", "surrogatepass"))
+            done = match.end()
+            ends.append(done)
+            digests.append(digest.copy().digest())
+        if not ends:
+            return self._encode(text)
+        start, head = 0, None
+        with self.lock:
+            for end, key in zip(reversed(ends), reversed(digests), strict=True):
+                head = self.kept.get(key)
+                if head is not None:
+                    self.kept.move_to_end(key)
+                    start = end
+                    break
+        ids = head.tolist() if head is not None else []
+        last = ends[-1]
+        if last > start:
+            ids += self._encode(text[start:last])
+            self._keep(digests[-1], ids)
+        return ids + self._encode(text[last:])
+
+    def _keep(self, key: bytes, ids: list[int]) -> None:
+        if len(ids) > self.max_tokens:
+            return
+        values = array("i", ids)
+        with self.lock:
+            old = self.kept.pop(key, None)
+            self.tokens += len(values) - (len(old) if old is not None else 0)
+            self.kept[key] = values
+            while self.tokens > self.max_tokens:
+                _, dropped = self.kept.popitem(last=False)
+                self.tokens -= len(dropped)
+
+
+def _clean_cuts(tokenizer: PreTrainedTokenizerBase) -> list[str]:
+    """The special tokens after which a text can be cut (PrefixCache)."""
+    if not getattr(tokenizer, "is_fast", False) or getattr(tokenizer, "split_special_tokens", False):
+        return []
+    added = {str(token.content): token for token in getattr(tokenizer, "added_tokens_decoder", {}).values()}
+    cuts = []
+    for content, token in added.items():
+        if not (token.special and not token.normalized and not token.rstrip and not token.single_word and content):
+            continue
+        if any(content in other for other in added if other != content):
+            continue
+
+        def encode(text: str) -> list[int]:
+            return list(tokenizer.encode(text, add_special_tokens=False))
+
+        if all(encode(f"a{content}{probe}") == encode(f"a{content}") + encode(probe) for probe in _PROBES):
+            cuts.append(content)
+    return cuts
