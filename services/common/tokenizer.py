@@ -64,6 +64,8 @@ def text_encoder(tokenizer: PreTrainedTokenizerBase, side: str | None, max_lengt
 
 # Tokens a prefix cache keeps per tokenizer (int32: 4 bytes each), a few dozen long conversations' prompts.
 PREFIX_CACHE_TOKENS = 4_000_000
+# Shorter texts are tokenized whole: looking up and keeping their prefixes would cost more than it saves.
+PREFIX_CACHE_MIN_CHARS = 2048
 # Texts a cut token must split cleanly (a tokenizer that treats the start of its input apart, such as
 # Metaspace's prepend_scheme "first", fails them: its cut tokens are not used).
 _PROBES = ("x", " x", "\nx", "  x y", "1.5", "Ünïcode ✓", "\n\n", "x\n", ".")
@@ -80,13 +82,16 @@ class PrefixCache:
     not normalized, stripping no whitespace after them, no part of a longer added token, and checked on
     probe texts at start. The ids of the text up to its last cut are kept, keyed by a hash of that text,
     at most `max_tokens` in all, the least recently used dropped first; a later text takes the longest
-    kept prefix it starts with. A tokenizer without such a token gets plain `encode`."""
+    kept prefix it starts with. A tokenizer without such a token, and a short text, get plain `encode`."""
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, max_tokens: int = PREFIX_CACHE_TOKENS) -> None:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, max_tokens: int = PREFIX_CACHE_TOKENS,
+                 min_chars: int = PREFIX_CACHE_MIN_CHARS) -> None:
         self.tokenizer = tokenizer
         self.max_tokens = max_tokens
-        self.cuts = _clean_cuts(tokenizer)
+        self.min_chars = min_chars
+        self.cuts = _clean_cuts(tokenizer)  # their text → their id
         self.pattern = re.compile("|".join(map(re.escape, sorted(self.cuts, key=len, reverse=True))))
+        self.cut_ids = frozenset(self.cuts.values())
         self.kept: OrderedDict[bytes, array[int]] = OrderedDict()
         self.tokens = 0
         self.lock = threading.Lock()
@@ -95,9 +100,9 @@ class PrefixCache:
         return list(self.tokenizer.encode(text, add_special_tokens=False)) if text else []
 
     def encode(self, text: str) -> list[int]:
-        if not self.cuts:
+        if not self.cuts or len(text) < self.min_chars:
             return self._encode(text)
-        ends, digests = [], []
+        ends, digests = [], []  # each cut's position and the hash of the text before it
         digest = hashlib.blake2b(digest_size=16)
         done = 0
         for match in self.pattern.finditer(text):
@@ -105,22 +110,23 @@ class PrefixCache:
             done = match.end()
             ends.append(done)
             digests.append(digest.copy().digest())
-        if not ends:
-            return self._encode(text)
-        start, head = 0, None
+        hit, head = len(ends), None  # the kept prefix's cut, its ids
         with self.lock:
-            for end, key in zip(reversed(ends), reversed(digests), strict=True):
-                head = self.kept.get(key)
+            for i in reversed(range(len(ends))):
+                head = self.kept.get(digests[i])
                 if head is not None:
-                    self.kept.move_to_end(key)
-                    start = end
+                    self.kept.move_to_end(digests[i])
+                    hit = i
                     break
-        ids = head.tolist() if head is not None else []
-        last = ends[-1]
-        if last > start:
-            ids += self._encode(text[start:last])
-            self._keep(digests[-1], ids)
-        return ids + self._encode(text[last:])
+        start = ends[hit] if head is not None else 0
+        first = hit + 1 if head is not None else 0  # the rest's first cut
+        rest = self._encode(text[start:])  # one call: the tokenizer's own cost per call is paid once
+        ids = (head.tolist() if head is not None else []) + rest
+        if first < len(ends):  # keep the ids up to the last cut, which end with its token's id
+            where = [i for i, token in enumerate(rest) if token in self.cut_ids]
+            if len(where) == len(ends) - first:  # one id per cut, none from elsewhere
+                self._keep(digests[-1], ids[: len(ids) - len(rest) + where[-1] + 1])
+        return ids
 
     def _keep(self, key: bytes, ids: list[int]) -> None:
         if len(ids) > self.max_tokens:
@@ -135,21 +141,22 @@ class PrefixCache:
                 self.tokens -= len(dropped)
 
 
-def _clean_cuts(tokenizer: PreTrainedTokenizerBase) -> list[str]:
-    """The special tokens after which a text can be cut (PrefixCache)."""
+def _clean_cuts(tokenizer: PreTrainedTokenizerBase) -> dict[str, int]:
+    """The special tokens after which a text can be cut (PrefixCache), with their ids."""
     if not getattr(tokenizer, "is_fast", False) or getattr(tokenizer, "split_special_tokens", False):
-        return []
-    added = {str(token.content): token for token in getattr(tokenizer, "added_tokens_decoder", {}).values()}
-    cuts = []
-    for content, token in added.items():
+        return {}
+    added = {str(token.content): (int(token_id), token)
+             for token_id, token in getattr(tokenizer, "added_tokens_decoder", {}).items()}
+
+    def encode(text: str) -> list[int]:
+        return list(tokenizer.encode(text, add_special_tokens=False))
+
+    cuts = {}
+    for content, (token_id, token) in added.items():
         if not (token.special and not token.normalized and not token.rstrip and not token.single_word and content):
             continue
         if any(content in other for other in added if other != content):
             continue
-
-        def encode(text: str) -> list[int]:
-            return list(tokenizer.encode(text, add_special_tokens=False))
-
         if all(encode(f"a{content}{probe}") == encode(f"a{content}") + encode(probe) for probe in _PROBES):
-            cuts.append(content)
+            cuts[content] = token_id
     return cuts

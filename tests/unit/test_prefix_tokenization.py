@@ -44,7 +44,7 @@ def conversation(turns: int, rng: random.Random) -> list[dict[str, str]]:
 def test_a_conversations_turns_tokenize_as_a_whole_and_only_what_is_new(tokenizer: Any) -> None:
     template = load_chat_template(tokenizer, None, "smollm2")
     assert template is not None
-    cache = Counting(tokenizer)
+    cache = Counting(tokenizer, min_chars=0)
     assert "<|im_start|>" in cache.cuts and "<|im_end|>" in cache.cuts
     messages = conversation(12, random.Random(1))
     previous = ""
@@ -60,7 +60,7 @@ def test_a_conversations_turns_tokenize_as_a_whole_and_only_what_is_new(tokenize
 
 
 def test_any_text_tokenizes_as_a_whole(tokenizer: Any) -> None:
-    cache = PrefixCache(tokenizer)
+    cache = PrefixCache(tokenizer, min_chars=0)
     rng = random.Random(2)
     texts = ["".join(rng.choice(PIECES) for _ in range(rng.randint(0, 60))) for _ in range(300)]
     for text in texts + [a + b for a, b in zip(texts, reversed(texts), strict=True)]:
@@ -68,7 +68,7 @@ def test_any_text_tokenizes_as_a_whole(tokenizer: Any) -> None:
 
 
 def test_the_kept_ids_stay_within_their_bound(tokenizer: Any) -> None:
-    cache = PrefixCache(tokenizer, max_tokens=300)
+    cache = PrefixCache(tokenizer, max_tokens=300, min_chars=0)
     rng = random.Random(3)
     for _ in range(50):
         text = "<|im_start|>" + "".join(rng.choice(PIECES) for _ in range(rng.randint(1, 80))) + "<|im_end|>x"
@@ -79,7 +79,7 @@ def test_the_kept_ids_stay_within_their_bound(tokenizer: Any) -> None:
 
 def test_the_other_demo_tokenizer_too(models_dir: Path) -> None:
     minilm = AutoTokenizer.from_pretrained(models_dir / "all-minilm-l6-v2")
-    cache = PrefixCache(minilm)
+    cache = PrefixCache(minilm, min_chars=0)
     rng = random.Random(4)
     for _ in range(100):
         text = "".join(rng.choice((*PIECES, "[SEP]", "[CLS]", " [SEP] ", "[PAD]")) for _ in range(40))
@@ -99,8 +99,8 @@ def metaspace_first() -> PreTrainedTokenizerFast:
 def test_a_tokenizer_that_treats_the_start_apart_is_not_cut() -> None:
     tokenizer = metaspace_first()
     assert full(tokenizer, "a</s>x") != full(tokenizer, "a</s>") + full(tokenizer, "x")
-    cache = PrefixCache(tokenizer)
-    assert cache.cuts == []
+    cache = PrefixCache(tokenizer, min_chars=0)
+    assert cache.cuts == {}
     for text in ("a</s>x", "a b</s>x a", "</s>a", "x"):
         assert cache.encode(text) == full(tokenizer, text)
         assert cache.encode(text) == full(tokenizer, text)
@@ -108,6 +108,28 @@ def test_a_tokenizer_that_treats_the_start_apart_is_not_cut() -> None:
 
 @pytest.mark.parametrize("text", ["", "<|im_start|>", "no special token at all", "<|im_end|><|im_end|>"])
 def test_edges(tokenizer: Any, text: str) -> None:
+    cache = PrefixCache(tokenizer, min_chars=0)
+    assert cache.encode(text) == full(tokenizer, text)
+    assert cache.encode(text) == full(tokenizer, text)
+
+
+def test_a_short_text_is_tokenized_whole_and_not_kept(tokenizer: Any) -> None:
     cache = PrefixCache(tokenizer)
-    assert cache.encode(text) == full(tokenizer, text)
-    assert cache.encode(text) == full(tokenizer, text)
+    short = "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n"
+    assert cache.encode(short) == full(tokenizer, short)
+    assert not cache.kept
+    long = short + "word " * 1000 + "<|im_end|>\n<|im_start|>assistant\n"
+    assert cache.encode(long) == full(tokenizer, long)
+    assert cache.kept
+
+
+def test_the_kept_ids_are_those_of_the_text_up_to_its_last_cut(tokenizer: Any) -> None:
+    template = load_chat_template(tokenizer, None, "smollm2")
+    assert template is not None
+    cache = PrefixCache(tokenizer, min_chars=0)
+    messages = conversation(3, random.Random(5))
+    for turn in (1, 2, 3):  # a miss, then hits
+        text = template.render(messages[: 2 * turn], add_generation_prompt=True)
+        cache.encode(text)
+        last = text.rindex("<|im_start|>") + len("<|im_start|>")
+        assert list(next(reversed(cache.kept.values()))) == full(tokenizer, text[:last])
