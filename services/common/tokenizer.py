@@ -121,17 +121,17 @@ class PrefixCache:
         start = ends[hit] if head is not None else 0
         first = hit + 1 if head is not None else 0  # the rest's first cut
         rest = self._encode(text[start:])  # one call: the tokenizer's own cost per call is paid once
-        ids = (head.tolist() if head is not None else []) + rest
         if first < len(ends):  # keep the ids up to the last cut, which end with its token's id
             where = [i for i, token in enumerate(rest) if token in self.cut_ids]
             if len(where) == len(ends) - first:  # one id per cut, none from elsewhere
-                self._keep(digests[-1], ids[: len(ids) - len(rest) + where[-1] + 1])
-        return ids
+                kept = array("i", head if head is not None else ())
+                kept.extend(rest[: where[-1] + 1])
+                self._keep(digests[-1], kept)
+        return (head.tolist() if head is not None else []) + rest
 
-    def _keep(self, key: bytes, ids: list[int]) -> None:
-        if len(ids) > self.max_tokens:
+    def _keep(self, key: bytes, values: array[int]) -> None:
+        if len(values) > self.max_tokens:
             return
-        values = array("i", ids)
         with self.lock:
             old = self.kept.pop(key, None)
             self.tokens += len(values) - (len(old) if old is not None else 0)
