@@ -147,16 +147,19 @@ def _clean_cuts(tokenizer: PreTrainedTokenizerBase) -> dict[str, int]:
         return {}
     added = {str(token.content): (int(token_id), token)
              for token_id, token in getattr(tokenizer, "added_tokens_decoder", {}).items()}
-
-    def encode(text: str) -> list[int]:
-        return list(tokenizer.encode(text, add_special_tokens=False))
-
+    candidates = [(content, token_id) for content, (token_id, token) in added.items()
+                  if content and token.special and not token.normalized and not token.rstrip
+                  and not token.single_word and not any(content in other for other in added if other != content)]
+    if not candidates:
+        return {}
+    # All the probes in one batch: a model may have hundreds of special tokens.
+    endings = ("", *_PROBES)
+    texts = [*_PROBES, *(f"a{content}{ending}" for content, _ in candidates for ending in endings)]
+    ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    alone, rows = ids[: len(_PROBES)], ids[len(_PROBES):]
     cuts = {}
-    for content, (token_id, token) in added.items():
-        if not (token.special and not token.normalized and not token.rstrip and not token.single_word and content):
-            continue
-        if any(content in other for other in added if other != content):
-            continue
-        if all(encode(f"a{content}{probe}") == encode(f"a{content}") + encode(probe) for probe in _PROBES):
+    for n, (content, token_id) in enumerate(candidates):
+        head, *probed = rows[n * len(endings): (n + 1) * len(endings)]
+        if all(list(row) == list(head) + list(probe) for row, probe in zip(probed, alone, strict=True)):
             cuts[content] = token_id
     return cuts
