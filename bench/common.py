@@ -41,7 +41,8 @@ from bench.load import LOAD, Load, LoadProcesses, load_processes
 from launcher.stack import LocalStack
 from launcher.workers import parse_workers
 from tritongate import procs
-from tritongate.settings import DEPLOY_DIR, Settings
+from tritongate.settings import DEPLOY_DIR, Settings, default_cache_dir, default_models_dir
+from tritongate.triton_local import TritonLaunch, TritonProcess, start_triton
 
 # The benchmarks' own Triton models (embed-echo and its variants), beside deploy/triton's.
 BENCH_MODELS = Path(__file__).resolve().parent / "triton_models"
@@ -100,6 +101,37 @@ def private_stack(sections: dict[str, list[dict[str, Any]]], triton_models: list
                 yield stack
             finally:
                 _STACKS.remove(stack)
+
+
+@contextmanager
+def triton_processes(root: Path, repositories: Mapping[str, Mapping[str, Path]]) -> Iterator[dict[str, TritonProcess]]:
+    """One Triton per entry of `repositories` (its name → {served model name → model folder}), each on its
+    own free ports with a repository of symlinks under `root`, all ready; stopped on the way out."""
+    tritons: dict[str, TritonProcess] = {}
+    try:
+        for name, models in repositories.items():
+            repository = root / f"repository-{name}"
+            repository.mkdir()
+            for model, folder in models.items():
+                (repository / model).symlink_to(folder)
+            tritons[name] = start_triton(TritonLaunch(
+                repositories=[repository], models_dir=default_models_dir(), cache_dir=default_cache_dir(),
+                http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
+                log_path=root / f"tritonserver-{name}.log"))
+        for triton in tritons.values():
+            triton.wait_ready(300)
+        yield tritons
+    finally:
+        for triton in tritons.values():
+            triton.stop()
+
+
+def triton_answered(triton: TritonProcess, model: str) -> int:
+    """Requests `triton` has answered successfully for `model` (its statistics)."""
+    url = f"http://127.0.0.1:{triton.http_port}/v2/models/{model}/stats"
+    with urllib.request.urlopen(url, timeout=5) as response:
+        stats = json.load(response)["model_stats"]
+    return sum(int(s["inference_stats"]["success"]["count"]) for s in stats)
 
 
 def _config(path: Path) -> Any:

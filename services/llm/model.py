@@ -17,7 +17,7 @@ from services.common.errors import ServiceError, invalid_argument
 from services.common.metrics import Stages
 from services.common.prefix_routing import ROUTE, Route
 from services.common.server import ServedModel
-from services.common.tokenizer import load_tokenizer
+from services.common.tokenizer import PrefixCache, load_tokenizer
 from services.common.triton import Triton
 from services.llm import reasoning
 from services.llm.chat import load_chat_template
@@ -44,6 +44,7 @@ class LanguageModel(ServedModel):
     def __init__(self, entry: LlmModel, info: ModelInfo, triton: Triton) -> None:
         super().__init__(entry, triton)
         self.tokenizer = load_tokenizer(entry.path, entry.name)
+        self.prefixes = PrefixCache(self.tokenizer)  # a conversation's next turn tokenizes only what is new
         self.template = load_chat_template(self.tokenizer, entry.chat_template, entry.name)
         self.backend = ModelBackend(entry, triton, self.triton_pool)
         self.policy = GenerationPolicy.of(entry, info, self.tokenizer, self.backend)
@@ -111,6 +112,8 @@ class LanguageModel(ServedModel):
         return adapter
 
     def tokenize(self, text: str, special: bool) -> list[int]:
+        if not special:  # a rendered chat: most of it often the previous turn's
+            return self.prefixes.encode(text)
         return list(self.tokenizer.encode(text, add_special_tokens=special))
 
     def chat_prompt(self, chat: llm_pb2.Chat, chat_template_kwargs: struct_pb2.Struct, tools: ChatTools = NO_TOOLS
