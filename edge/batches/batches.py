@@ -42,7 +42,7 @@ def not_found(batch_id: str) -> OpenAIError:
 
 
 def _loads(value: bytes | None) -> dict[str, Any] | None:
-    return None if value is None else orjson.loads(value)  # type: ignore[no-any-return]
+    return None if value is None else orjson.loads(value)
 
 
 @dataclass

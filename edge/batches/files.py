@@ -77,11 +77,16 @@ class S3Files(FileBytes):
 
     def write(self, file_id: str, source: IO[bytes]) -> int:
         start = source.tell()
-        self.client.upload_fileobj(source, self.bucket, self._key(file_id))
-        return source.tell() - start
+        size = source.seek(0, os.SEEK_END) - start
+        source.seek(start)
+        self.client.upload_fileobj(source, self.bucket, self._key(file_id))  # closes `source`
+        return size
 
     def read(self, file_id: str) -> bytes:
-        body: bytes = self.client.get_object(Bucket=self.bucket, Key=self._key(file_id))["Body"].read()
+        try:
+            body: bytes = self.client.get_object(Bucket=self.bucket, Key=self._key(file_id))["Body"].read()
+        except self.client.exceptions.NoSuchKey:
+            raise FileNotFoundError(file_id) from None
         return body
 
     def remove(self, file_id: str) -> None:

@@ -67,7 +67,7 @@ def parse_line(text: bytes, index: int, number: int, endpoint: str) -> Line:
 
 def parse(content: bytes, endpoint: str) -> list[Line]:
     """Every non-blank line of `content`, in order."""
-    lines = []
+    lines: list[Line] = []
     for number, text in enumerate(content.splitlines(), start=1):
         if text.strip():
             lines.append(parse_line(text, len(lines), number, endpoint))

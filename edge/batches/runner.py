@@ -24,7 +24,7 @@ from starlette.types import ASGIApp
 
 from edge.batches import inprocess, records
 from edge.batches import lines as lines_
-from edge.batches.batches import ERROR, OUTPUT, Batches
+from edge.batches.batches import OUTPUT, Batches
 from edge.state import StoreUnavailable
 from tritongate.settings import Settings
 
@@ -78,7 +78,10 @@ class Runner:
             if await self._lease(batch_id, take=True):
                 task = asyncio.create_task(self._run(batch_id), name=f"batch {batch_id}")
                 self.running[batch_id] = task
-                task.add_done_callback(lambda _, batch_id=batch_id: self.running.pop(batch_id, None))
+                task.add_done_callback(self._ended)
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        self.running = {batch_id: running for batch_id, running in self.running.items() if running is not task}
 
     async def _lease(self, batch_id: str, take: bool = False, release: bool = False) -> bool:
         """Renew this process's lease on the batch (or `take` a free or lapsed one); whether it holds it."""
@@ -135,7 +138,7 @@ class Runner:
         owner = record["_owner"]
         try:
             content = await self.batches.files.content(owner, record["input_file_id"])
-        except Exception as exc:  # noqa: BLE001 - deleted, or the file store failed: the batch fails, said why
+        except Exception as exc:  # deleted, or the file store failed: the batch fails, saying why
             await self._fail(record, f"The input file {record['input_file_id']} could not be read: {exc}")
             return
         parsed = lines_.parse(content, record["endpoint"])

@@ -2,7 +2,7 @@
 session's stack (its services and Triton), with a state store and a files folder of its own: batches of
 every kind answer each custom_id once while interactive requests are served; bad lines become error lines;
 cancel and an expired window keep the finished lines; an edge killed mid-batch is replaced by another that
-finishes it; and the bad requests' 4xx."""
+finishes it; the bad requests' 4xx; and a batch whose files are in a real S3-compatible server (moto's)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ import pytest
 
 from launcher.stack import LocalStack, http_ok
 from tests.support.ports import free_port, wait_until
+from tests.support.s3_server import CREDENTIALS, s3_server
 from tests.support.stack import private_state_url, spawn
 from tritongate.registry import SERVICES
 
@@ -64,14 +65,19 @@ class Edge:
 
 @pytest.fixture(scope="module")
 def edge(stack: LocalStack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Edge]:
-    directory = tmp_path_factory.mktemp("batches")
-    env = dict(os.environ, TRITONGATE_STATE_URL=private_state_url(), TRITONGATE_BATCH_FILES_DIR=str(directory / "files"),
-               TRITONGATE_BATCH_FILE_MAX_BYTES=str(FILE_LIMIT), TRITONGATE_BATCH_LEASE_S="2",
-               TRITONGATE_BATCH_CONCURRENCY="4")
-    edge = Edge(stack, env, directory)
-    edge.start()
+    edge = start_edge(stack, tmp_path_factory.mktemp("batches"))
     yield edge
     edge.stop()
+
+
+def start_edge(stack: LocalStack, directory: Path, **settings: str) -> Edge:
+    env = dict(os.environ, TRITONGATE_STATE_URL=private_state_url(),
+               TRITONGATE_BATCH_FILES_DIR=str(directory / "files"),
+               TRITONGATE_BATCH_FILE_MAX_BYTES=str(FILE_LIMIT), TRITONGATE_BATCH_LEASE_S="2",
+               TRITONGATE_BATCH_CONCURRENCY="4", **settings)
+    edge = Edge(stack, env, directory)
+    edge.start()
+    return edge
 
 
 @pytest.fixture
@@ -272,3 +278,24 @@ def test_bad_requests_are_refused_with_their_status_and_param(client: openai.Ope
     assert file.id in [f.id for f in client.files.list(purpose="batch")]
     assert client.files.delete(file.id).deleted
     assert status_of(lambda: client.files.retrieve(file.id)) == (404, "file_id")
+
+
+def test_files_in_an_s3_compatible_store(stack: LocalStack, tmp_path: Path) -> None:
+    import boto3
+
+    with s3_server() as s3:
+        edge = start_edge(stack, tmp_path, TRITONGATE_BATCH_FILES_URL=f"s3://{s3.bucket}/tritongate",
+                          TRITONGATE_BATCH_S3_ENDPOINT_URL=s3.endpoint_url, **CREDENTIALS)
+        try:
+            client = edge.client()
+            batch = wait_for(client, submit(client, [chat_line(f"s{i}", model="ft-echo") for i in range(5)]).id)
+            output, _ = answers(client, batch)
+            assert batch.status == "completed" and sorted(line["custom_id"] for line in output) == [
+                f"s{i}" for i in range(5)]
+            bucket = boto3.client("s3", endpoint_url=s3.endpoint_url, aws_access_key_id="test",
+                                  aws_secret_access_key="test", region_name="us-east-1")
+            keys = {item["Key"] for item in bucket.list_objects_v2(Bucket=s3.bucket)["Contents"]}
+            assert {f"tritongate/{batch.input_file_id}", f"tritongate/{batch.output_file_id}"} <= keys
+            assert not list((tmp_path / "files").glob("*"))
+        finally:
+            edge.stop()
