@@ -4,6 +4,7 @@ records in the state store, each key seeing only its own; and the state store's 
 from __future__ import annotations
 
 import io
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -60,13 +61,15 @@ async def test_a_key_sees_only_its_own_files(tmp_path: Path) -> None:
     assert not (tmp_path / theirs["id"]).exists()
 
 
-@pytest.mark.parametrize("backend", ["memory", "sqlite"])
-async def test_a_space_lists_its_values_by_key_prefix(backend: str, tmp_path: Path) -> None:
-    store = open_store("memory://" if backend == "memory" else f"sqlite://{tmp_path / 's.sqlite3'}")
-    space = store.space("answers", Limits(100, 3600))
+@pytest.mark.parametrize("backend", ["memory", "sqlite", "redis"])
+async def test_a_space_lists_its_values_by_key_prefix(backend: str, tmp_path: Path,
+                                                      request: pytest.FixtureRequest) -> None:
+    urls = {"memory": "memory://", "sqlite": f"sqlite://{tmp_path / 's.sqlite3'}"}
+    store = open_store(urls.get(backend) or request.getfixturevalue("redis_server").url)
+    space = store.space(f"answers-{uuid.uuid4().hex}", Limits(100, 3600))  # its own on the shared Redis
     for key in ("b:2", "a_1", "b:1", "a%1"):
         await space.put(key, key.encode())
-    await store.space("other", Limits(100, 3600)).put("b:3", b"x")
+    await store.space(f"other-{uuid.uuid4().hex}", Limits(100, 3600)).put("b:3", b"x")
     assert await space.items("b:") == [("b:1", b"b:1"), ("b:2", b"b:2")]
     assert [key for key, _ in await space.items("a_")] == ["a_1"]  # no wildcards
     assert len(await space.items()) == 4
