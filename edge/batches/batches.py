@@ -94,7 +94,7 @@ class Batches:
     async def listed(self, owner: str | None) -> list[dict[str, Any]]:
         """The owner's batches, newest first."""
         mine = [r for _, value in await self.records.items() if (r := orjson.loads(value))["_owner"] == owner]
-        return sorted(mine, key=lambda r: (r["created_at"], r["id"]), reverse=True)
+        return records.newest_first(mine)
 
     async def cancel(self, owner: str | None, batch_id: str) -> dict[str, Any]:
         found = await self.get(owner, batch_id)

@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 
 import orjson
 
+from edge.batches.records import newest_first
 from edge.errors import OpenAIError
 from edge.state import Space
 from tritongate.settings import Settings
@@ -122,7 +123,7 @@ class Files:
         size = await asyncio.to_thread(self.data.write, file_id, source)
         record = {"id": file_id, "object": "file", "bytes": size, "created_at": int(time.time()),
                   "filename": filename, "purpose": purpose, "status": "processed", "expires_at": None,
-                  "status_details": None, "_owner": owner}
+                  "status_details": None, "_owner": owner, "_created_ns": time.time_ns()}
         await self.records.put(file_id, orjson.dumps(record))
         return record
 
@@ -150,4 +151,4 @@ class Files:
         """The owner's files (of `purpose`), newest first."""
         records = [orjson.loads(value) for _, value in await self.records.items()]
         mine = [r for r in records if r["_owner"] == owner and purpose in (None, r["purpose"])]
-        return sorted(mine, key=lambda r: (r["created_at"], r["id"]), reverse=True)
+        return newest_first(mine)

@@ -6,6 +6,7 @@ counted once."""
 from __future__ import annotations
 
 import re
+import time
 from typing import Any
 
 RUNNING = ("validating", "in_progress", "finalizing", "cancelling")
@@ -34,7 +35,12 @@ def new(batch_id: str, owner: str | None, endpoint: str, input_file_id: str, com
             "expires_at": now + window, "finalizing_at": None, "completed_at": None, "failed_at": None,
             "expired_at": None, "cancelling_at": None, "cancelled_at": None,
             "request_counts": {"total": total, "completed": 0, "failed": 0}, "metadata": metadata,
-            "_owner": owner, "_answered": "0" * ((total + 3) // 4)}
+            "_owner": owner, "_answered": "0" * ((total + 3) // 4), "_created_ns": time.time_ns()}
+
+
+def newest_first(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Batches or files, the newest first (to the nanosecond: `created_at` is in seconds)."""
+    return sorted(items, key=lambda item: item["_created_ns"], reverse=True)
 
 
 def public(record: dict[str, Any]) -> dict[str, Any]:

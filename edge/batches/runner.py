@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 RETRIED = (429, 503)  # overload: the line waits and goes again
 MAX_RETRY_WAIT_S = 30.0
 POLL_S = 2.0  # how often a runner looks for batches to take, when nothing wakes it
+WATCH_S = 1.0  # how often it looks whether a batch it runs is being cancelled (and renews its lease)
 
 
 class Stop(Exception):
@@ -115,9 +116,10 @@ class Runner:
             keeper.cancel()
 
     async def _keep(self, batch_id: str, stop: asyncio.Event) -> None:
-        """Renew the lease every third of it; set `stop` when it is lost or the batch is being cancelled."""
+        """Renew the lease (at least every third of it); set `stop` when it is lost or the batch is being
+        cancelled."""
         while not stop.is_set():
-            await asyncio.sleep(self.lease_s / 3)
+            await asyncio.sleep(min(WATCH_S, self.lease_s / 3))
             try:
                 if not await self._lease(batch_id):
                     stop.set()
