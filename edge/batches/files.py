@@ -122,8 +122,8 @@ class Files:
         file_id = file_id or f"file-{uuid.uuid4().hex}"
         size = await asyncio.to_thread(self.data.write, file_id, source)
         record = {"id": file_id, "object": "file", "bytes": size, "created_at": int(time.time()),
-                  "filename": filename, "purpose": purpose, "status": "processed", "expires_at": None,
-                  "status_details": None, "_owner": owner, "_created_ns": time.time_ns()}
+                  "filename": filename, "purpose": purpose, "status": "processed", "_owner": owner,
+                  "_created_ns": time.time_ns()}
         await self.records.put(file_id, orjson.dumps(record))
         return record
 
