@@ -1,5 +1,5 @@
 """The batch runner against a scripted app standing in for the edge's routes, its state in a real SQLite
-store that two edge processes (two stores on one file) share: each line goes through the app once,
+file or Redis server that two edge processes (two stores on one state) share: each line goes through the app once,
 carrying whose it is and its priority; one runner runs a batch while another waits; a runner that stops
 mid-batch hands it over and the other finishes it without asking again for the lines already answered."""
 
@@ -42,9 +42,12 @@ class ScriptedApp:
         await send({"type": "http.response.body", "body": orjson.dumps({"echo": body["input"]})})
 
 
-@pytest.fixture
-async def stores(tmp_path: Path) -> AsyncIterator[list[StateStore]]:
-    opened = [open_store(f"sqlite://{tmp_path / 'state.sqlite3'}") for _ in range(2)]
+@pytest.fixture(params=["sqlite", "redis"])
+async def stores(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[list[StateStore]]:
+    """Two stores on one state, as two edge processes have (each test's batch ids are its own)."""
+    url = f"sqlite://{tmp_path / 'state.sqlite3'}" if request.param == "sqlite" else \
+        request.getfixturevalue("redis_server").url
+    opened = [open_store(url) for _ in range(2)]
     yield opened
     for store in opened:
         await store.close()
