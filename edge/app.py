@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 from collections.abc import AsyncIterator
@@ -12,13 +13,17 @@ from fastapi import FastAPI
 
 from edge.app_state import EdgeState
 from edge.auth import install_auth
+from edge.batches.batches import Batches
+from edge.batches.runner import Runner
 from edge.errors import install_error_handlers
 from edge.lean import LeanRoutes
 from edge.limits import BodySizeLimit
 from edge.routers import (
+    batches,
     chat,
     completions,
     embeddings,
+    files,
     health,
     interactive,
     messages,
@@ -52,9 +57,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         store = open_store(settings.state_url)
         log.info("state shared through %s", store.name)
         app.state.edge = state = EdgeState.open(settings, store)  # read through `edge_state` (edge/app_state.py)
+        app.state.batches = Batches.open(settings, store)  # read through `batches_of` (edge/batches/batches.py)
+        runner = Runner(app, app.state.batches, settings)
+        serving = asyncio.create_task(runner.serve(), name="batches")
         try:
             yield
         finally:
+            serving.cancel()
+            await runner.close()
             await state.clients.close()
             await store.close()
 
@@ -68,11 +78,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_error_handlers(app)
     routers = [module.router for module in (models, chat, completions, embeddings, rerank, tei, responses, messages,
                                             interactive, tokenize, health, playground)]
-    for router in (*routers, tei.info_router, responses.stored_router):
+    for router in (*routers, tei.info_router, responses.stored_router, files.router, batches.router):
         app.include_router(router)
     # Innermost, inside the body limit, the keys and the metrics: every JSON route without FastAPI's machinery.
     app.add_middleware(LeanRoutes, routers=routers)
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes,
+                       paths={"/v1/files": settings.batch_file_max_bytes})  # uploads: their own limit
     install_auth(app, settings)  # outside the body limit: a request without a key is refused unread
     install_metrics(app, settings.access_log)
     return app

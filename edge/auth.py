@@ -105,7 +105,8 @@ class ApiKeyAuth:
         self.open_paths = open_paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] not in ("http", "websocket") or scope["path"] in self.open_paths:
+        if scope["type"] not in ("http", "websocket") or scope["path"] in self.open_paths or \
+                "tritongate" in scope.get("extensions", {}):  # the edge's own requests (edge/batches/inprocess.py)
             await self.app(scope, receive, send)
             return
         token = presented_key(scope["headers"])

@@ -33,6 +33,12 @@ def default_state_url() -> str:
     return f"sqlite://{Path(base).resolve() / 'tritongate' / 'edge-state.sqlite3'}"
 
 
+def default_batch_files_dir() -> Path:
+    """Where the Batch API keeps its files by default: `files/` in tritongate's state folder."""
+    base = os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state"
+    return Path(base).resolve() / "tritongate" / "files"
+
+
 def default_models_dir() -> Path:
     return Path(os.environ.get("TRITONGATE_MODELS_DIR") or default_cache_dir() / "models")
 
@@ -106,6 +112,19 @@ class Settings(BaseSettings):
     interactive_max_sessions: int = Field(1024, ge=1)
     interactive_max_session_tokens: int = Field(16384, ge=1)
     interactive_session_ttl_s: float = Field(1800.0, gt=0)
+    # The Batch API (/v1/files, /v1/batches; edge/batches/). Its files live in a local folder, or in an
+    # S3-compatible bucket when batch_files_url is `s3://bucket/prefix` (batch_s3_endpoint_url for a store
+    # other than AWS; credentials from the usual AWS_* variables). The batches themselves live in the state
+    # store. batch_file_max_bytes: the largest upload (413 beyond); batch_concurrency: the lines one edge
+    # process runs at once; batch_lease_s: how long a batch stays with an edge process that stopped renewing
+    # it (then another takes it over); batch_retention_s: how long files and batches are kept after last use.
+    batch_files_dir: Path = Field(default_factory=default_batch_files_dir)
+    batch_files_url: str | None = None
+    batch_s3_endpoint_url: str | None = None
+    batch_file_max_bytes: int = Field(200 * 1024 * 1024, ge=1)
+    batch_concurrency: int = Field(4, ge=1)
+    batch_lease_s: float = Field(30.0, gt=0)
+    batch_retention_s: float = Field(30 * 24 * 3600.0, gt=0)
     # Seconds a client is told to wait (Retry-After) when a service refuses a request for overload.
     retry_after_s: int = Field(1, ge=0)
     uvicorn_log_level: str = "info"

@@ -94,6 +94,11 @@ class StateStore(ABC):
     async def close(self) -> None:
         """Release connections."""
 
+    @abstractmethod
+    async def items(self, space: str, limits: Limits, prefix: str = "") -> list[tuple[str, bytes]]:
+        """The unexpired values whose keys start with `prefix`, ordered by key; reading them is no use (their
+        TTL does not start again)."""
+
 
 @dataclass(frozen=True)
 class Space:
@@ -120,3 +125,6 @@ class Space:
 
     async def count(self) -> int:
         return await self.store.count(self.name, self.limits)
+
+    async def items(self, prefix: str = "") -> list[tuple[str, bytes]]:
+        return await self.store.items(self.name, self.limits, prefix)

@@ -42,6 +42,9 @@ class BoundedDict:
     def __len__(self) -> int:
         return len(self._entries)
 
+    def items(self, prefix: str) -> list[tuple[str, bytes]]:
+        return sorted((key, value) for key, (_, value) in self._entries.items() if key.startswith(prefix))
+
 
 class MemoryStore(StateStore):
     """Each operation runs without an await inside it, so it is atomic within the event loop."""
@@ -93,3 +96,6 @@ class MemoryStore(StateStore):
 
     async def close(self) -> None:
         self._spaces.clear()
+
+    async def items(self, space: str, limits: Limits, prefix: str = "") -> list[tuple[str, bytes]]:
+        return self._space(space, limits)[0].items(prefix)

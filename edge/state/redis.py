@@ -169,3 +169,13 @@ class RedisStore(StateStore):
 
     async def close(self) -> None:
         await self._redis.aclose()
+
+    async def items(self, space: str, limits: Limits, prefix: str = "") -> list[tuple[str, bytes]]:
+        index = f"{PREFIX}:{space}:used"
+        with self._reaching():
+            used = cast("list[bytes]", await self._redis.zrangebyscore(index, (self.clock() - limits.ttl_s) * 1000,
+                                                                       "+inf"))
+            keys = sorted(key for key in (raw.decode() for raw in used) if key.startswith(prefix))
+            values = await self._redis.mget([f"{PREFIX}:{space}:v:{key}" for key in keys]) if keys else []
+        return [(key, value) for key, value in zip(keys, cast("list[bytes | None]", values), strict=True)
+                if value is not None]

@@ -117,6 +117,15 @@ class SqliteStore(StateStore):
             await self._run(close)
         self._thread.shutdown(wait=False)
 
+    async def items(self, space: str, limits: Limits, prefix: str = "") -> list[tuple[str, bytes]]:
+        def items(db: sqlite3.Connection) -> list[tuple[str, bytes]]:
+            # substr, not LIKE: a key's own % and _ are no wildcards
+            rows = db.execute("SELECT key, value FROM state WHERE space = ? AND used >= ? AND substr(key, 1, ?) = ? "
+                              "ORDER BY key", (space, self.clock() - limits.ttl_s, len(prefix), prefix)).fetchall()
+            return [(str(key), bytes(value)) for key, value in rows]
+
+        return await self._run(items)
+
 
 @contextmanager
 def _writing(db: sqlite3.Connection, space: str, limits: Limits, now: float) -> Iterator[float]:

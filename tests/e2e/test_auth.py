@@ -4,6 +4,7 @@ request here fails the test instead of slipping through unprotected."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from collections.abc import Iterator
@@ -57,7 +58,22 @@ SAMPLES: dict[tuple[str, str], tuple[str, dict[str, Any] | None]] = {
                                                 "messages": [{"role": "user", "content": "hi"}]}),
     ("POST", "/v1/messages/count_tokens"): ("/v1/messages/count_tokens", {
         "model": "ft-echo", "messages": [{"role": "user", "content": "hi"}]}),
+    # The Batch API's: {file} and {batch} are made afresh by the key of each call (see `owned`).
+    ("POST", "/v1/files"): ("/v1/files", None),  # multipart: BATCH_FILE
+    ("GET", "/v1/files"): ("/v1/files", None),
+    ("GET", "/v1/files/{file_id}"): ("/v1/files/{file}", None),
+    ("GET", "/v1/files/{file_id}/content"): ("/v1/files/{file}/content", None),
+    ("DELETE", "/v1/files/{file_id}"): ("/v1/files/{file}", None),
+    ("POST", "/v1/batches"): ("/v1/batches", {"input_file_id": "{file}", "endpoint": "/v1/chat/completions",
+                                              "completion_window": "24h"}),
+    ("GET", "/v1/batches"): ("/v1/batches", None),
+    ("GET", "/v1/batches/{batch_id}"): ("/v1/batches/{batch}", None),
+    ("POST", "/v1/batches/{batch_id}/cancel"): ("/v1/batches/{batch}/cancel", None),
 }
+# A batch's one line, slow enough (5 s) that the batch is still running when it is cancelled.
+BATCH_FILE = json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
+                         "body": {"model": "ft-echo-slow", "max_tokens": 100,
+                                  "messages": [{"role": "user", "content": "hi"}]}}).encode()
 
 
 @dataclass
@@ -138,7 +154,28 @@ def assert_unauthorized(response: httpx.Response) -> None:
 
 def call(edge: Edge, method: str, path: str, body: dict[str, Any] | None, key: str | None) -> httpx.Response:
     headers = {"Authorization": f"Bearer {key}"} if key is not None else {}
+    path, body = owned(edge, path, body, key)
+    if (method, path) == ("POST", "/v1/files"):
+        return httpx.post(f"{edge.url}{path}", files={"file": ("batch.jsonl", BATCH_FILE)}, data={"purpose": "batch"},
+                          headers=headers, timeout=60)
     return httpx.request(method, f"{edge.url}{path}", json=body, headers=headers, timeout=60)
+
+
+def owned(edge: Edge, path: str, body: dict[str, Any] | None, key: str | None
+          ) -> tuple[str, dict[str, Any] | None]:
+    """`path` and `body` with {file} and {batch} replaced by a file and a batch that `key` makes now (ids that
+    do not exist when it cannot)."""
+    if "{file}" not in path + json.dumps(body) and "{batch}" not in path:
+        return path, body
+    upload = call(edge, "POST", "/v1/files", None, key)
+    file_id = upload.json()["id"] if upload.status_code == 200 else "file-none"
+    batch_id = "batch_none"
+    if "{batch}" in path:
+        create = {"input_file_id": file_id, "endpoint": "/v1/chat/completions", "completion_window": "24h"}
+        created = call(edge, "POST", "/v1/batches", create, key)
+        batch_id = created.json()["id"] if created.status_code == 200 else batch_id
+    body = None if body is None else {name: file_id if value == "{file}" else value for name, value in body.items()}
+    return path.replace("{file}", file_id).replace("{batch}", batch_id), body
 
 
 @pytest.mark.parametrize("metrics_require_key", [False, True])

@@ -68,7 +68,16 @@ OPERATIONS = [("GET", "/v1/models"), ("GET", "/v1/models/{model_id}"), ("POST", 
               ("GET", "/v1/health/ready"), ("GET", "/health/live"), ("GET", "/v1/health/live"),
               ("POST", "/v1/responses"), ("GET", "/v1/responses/{response_id}"), ("POST", "/v1/chat/interactive"),
               ("POST", "/tokenize"), ("POST", "/detokenize"), ("POST", "/v1/ranking"), ("GET", "/info"),
-              ("POST", "/embed"), ("POST", "/v1/messages"), ("POST", "/v1/messages/count_tokens")]
+              ("POST", "/embed"), ("POST", "/v1/messages"), ("POST", "/v1/messages/count_tokens"),
+              ("POST", "/v1/files"), ("GET", "/v1/files"), ("GET", "/v1/files/{file_id}"),
+              ("GET", "/v1/files/{file_id}/content"), ("DELETE", "/v1/files/{file_id}"), ("POST", "/v1/batches"),
+              ("GET", "/v1/batches"), ("GET", "/v1/batches/{batch_id}"), ("POST", "/v1/batches/{batch_id}/cancel")]
+# The Batch API's lists and objects, by OpenAI's schema (an empty list has no first and last id).
+BATCH_SCHEMAS = {("POST", "/v1/files"): "OpenAIFile", ("GET", "/v1/files"): "ListFilesResponse",
+                 ("GET", "/v1/files/{file_id}"): "OpenAIFile", ("DELETE", "/v1/files/{file_id}"): "DeleteFileResponse",
+                 ("POST", "/v1/batches"): "Batch", ("GET", "/v1/batches"): "ListBatchesResponse",
+                 ("GET", "/v1/batches/{batch_id}"): "Batch", ("POST", "/v1/batches/{batch_id}/cancel"): "Batch"}
+EMPTY_LIST = {"object": "list", "data": [], "first_id": None, "last_id": None, "has_more": False}
 # Hugging Face TEI's routes answer TEI's error body; /rerank and /tokenize do for a TEI body (`texts`, `inputs`).
 TEI_PATHS = {"/info", "/embed"}
 ERROR_SCHEMAS = ({"$ref": "#/components/schemas/ErrorResponse"}, {"$ref": "#/components/schemas/TEIErrorResponse"})
@@ -231,9 +240,14 @@ def openai_success_shape(ctx: schemathesis.CheckContext, response: schemathesis.
             else:
                 validate_completion_chunk(chunk)
         return True
+    if path == "/v1/files/{file_id}/content":  # a file's bytes, whatever they are
+        return True
     assert content_type.startswith("application/json"), content_type
     payload = json.loads(response.content)
-    if path == "/v1/models":
+    if (case.method.upper(), path) in BATCH_SCHEMAS:
+        if payload != EMPTY_LIST:
+            validate(payload, BATCH_SCHEMAS[case.method.upper(), path])
+    elif path == "/v1/models":
         validate(payload, "ListModelsResponse")
     elif path == "/v1/models/{model_id}":
         validate(payload, "Model")
