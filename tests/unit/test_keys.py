@@ -209,3 +209,40 @@ def test_bad_keys_arguments_are_a_clear_error_and_change_nothing(
     status, _, err = keys(capsys, url, *args)
     assert status != 0 and message in err
     assert json.loads(keys(capsys, url, "list", "--json")[1]) == []
+
+
+def _in_process(client: TestClient, key_name: str | None, path: str = "/v1/no-such-route") -> tuple[int, object]:
+    """A request made inside the edge's process (as its batch runner makes them): no Authorization header,
+    the key's name in the scope's extensions. Its status and the `api_key` the middleware set."""
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET", "path": path,
+             "raw_path": path.encode(), "root_path": "", "scheme": "http", "query_string": b"", "headers": [],
+             "client": None, "server": None, "state": {},
+             "extensions": {"tritongate": {"key_name": key_name, "priority": "batch"}}}
+    sent: list[dict[str, object]] = []
+
+    async def receive() -> dict[str, object]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict[str, object]) -> None:
+        sent.append(message)
+
+    client.portal.call(client.app, scope, receive, send)  # type: ignore[union-attr,arg-type]
+    return int(sent[0]["status"]), scope["state"].get("api_key")  # type: ignore[call-overload,attr-defined]
+
+
+def test_in_process_requests_carry_their_keys_name_instead_of_a_key(tmp_path: Path) -> None:
+    state_url = f"sqlite://{tmp_path / 'state.sqlite3'}"
+    with TestClient(create_app(Settings(state_url=state_url, api_key="configured"))) as client:
+        ring = client.app.state.edge.keys  # type: ignore[attr-defined]
+        client.portal.call(ring.create, KeyPolicy("team-a", models=("m1",)))  # type: ignore[union-attr]
+        status, policy = _in_process(client, "team-a")
+        assert status == 404 and isinstance(policy, KeyPolicy) and policy.name == "team-a"
+        status, policy = _in_process(client, "default")
+        assert status == 404 and isinstance(policy, KeyPolicy) and policy.models is None
+        assert _in_process(client, None) == (404, None)  # a batch made while authentication was off
+        assert _in_process(client, "nobody")[0] == 401
+        client.portal.call(ring.revoke, "team-a")  # type: ignore[union-attr]
+        ring._cache.clear()
+        assert _in_process(client, "team-a")[0] == 401
+        # Over the network the extension cannot be sent: a request without a key is refused.
+        assert client.get("/v1/no-such-route").status_code == 401
