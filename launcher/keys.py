@@ -117,6 +117,10 @@ ACTIONS: dict[str, Callable[[KeyRing, argparse.Namespace], Awaitable[None]]] = {
 
 
 def run_keys(args: argparse.Namespace, state_url: str) -> None:
+    if state_url.startswith("memory:"):
+        sys.exit(f"tritongate keys {args.keys_command}: error: TRITONGATE_STATE_URL=memory:// is each edge's own "
+                 "memory, which this command cannot reach; use the edges' sqlite:// or redis:// store")
+
     async def run() -> None:
         store = open_store(state_url)
         try:

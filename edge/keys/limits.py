@@ -119,6 +119,8 @@ async def _record(state: EdgeState, policy: KeyPolicy) -> None:
     prompt, completion = exchange.prompt_tokens or 0, exchange.completion_tokens or 0
     cached = exchange.cached_tokens or 0
     record_key_usage(policy.name, exchange.model, prompt, completion, cached)
+    if policy.digest == "":  # a configured key (`default`): unlimited, no account to keep in the store
+        return
     try:
         await state.keys.record(policy, exchange.model, prompt, completion, cached)
     except StoreUnavailable as exc:  # answered already: the account misses this one

@@ -211,6 +211,11 @@ def test_bad_keys_arguments_are_a_clear_error_and_change_nothing(
     assert json.loads(keys(capsys, url, "list", "--json")[1]) == []
 
 
+def test_the_keys_command_refuses_a_memory_store(capsys: pytest.CaptureFixture[str]) -> None:
+    status, _, err = keys(capsys, "memory://", "create", "x")
+    assert status != 0 and "memory://" in err
+
+
 def _in_process(client: TestClient, key_name: str | None, path: str = "/v1/no-such-route") -> tuple[int, object]:
     """A request made inside the edge's process (as its batch runner makes them): no Authorization header,
     the key's name in the scope's extensions. Its status and the `api_key` the middleware set."""
