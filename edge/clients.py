@@ -172,6 +172,9 @@ class LlmClient(ServiceClient):
         """Start a generation (nothing is read yet). `names`: the client's name of each GenerateRequest
         field it calls otherwise, for the parameter a refusal names."""
         await self._route_and_wait(request.model)
+        who = caller()
+        if who is not None:  # Triton's priority level, where the model's scheduler has levels
+            request.priority = who.effective_priority()
         messages: Messages
         if self.streams is not None:
             spans = tracing.ITEM_SPANS  # None while tracing is off
