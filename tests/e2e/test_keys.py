@@ -59,10 +59,10 @@ def test_a_tokens_per_minute_limit_holds_across_two_edges(redis_edges: list[str]
     error = refused.json()["error"]
     assert error["code"] == "rate_limit_exceeded" and error["type"] == "tokens" and key not in refused.text
     assert int(refused.headers["retry-after"]) >= 1 and refused.headers["x-ratelimit-remaining-tokens"] == "0"
-    # Both edges served, and together no more than the one limit allows (each edge alone would have let
-    # twice as much through before refusing).
+    # Both edges served, and together about what the one limit allows (it drains 5 tokens a second
+    # meanwhile); a limit per edge would have let twice as much through before the first refusal.
     assert len(served) >= 2 and sum(served) >= limit - max(served)
-    assert sum(served) < limit + 3 * max(served)
+    assert sum(served) < 1.5 * limit
 
 
 def test_a_key_for_the_embedding_model_only_finds_no_chat_model(redis_edges: list[str],
