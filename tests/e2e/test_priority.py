@@ -53,8 +53,8 @@ def served_order(edge: Edge, groups: list[list[tuple[str, str, dict[str, Any]]]]
     order: list[str] = []
     lock = threading.Lock()
     headers = {"Authorization": f"Bearer {edge.keys['holder']}"}
-    # The echo model repeats a completion's prompt: 120 tokens at 50 ms, unless the stream is closed first.
-    holder = {"model": MODEL, "prompt": "a b c d " * 30, "max_tokens": 120, "stream": True}
+    # The echo model repeats a completion's prompt: 230 tokens at 50 ms, unless the stream is closed first.
+    holder = {"model": MODEL, "prompt": "a b c d " * 4, "max_tokens": 230, "stream": True}
     with httpx.Client(timeout=120) as http, http.stream("POST", f"{edge.url}/v1/completions", headers=headers,
                                                         json=holder) as held:
         assert held.status_code == 200, held.read()
