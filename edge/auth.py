@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from fastapi import FastAPI
-from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from edge.errors import OpenAIError, as_openai_error
@@ -97,10 +96,6 @@ def unauthorized(message: str) -> OpenAIError:
                        headers={"WWW-Authenticate": "Bearer"})
 
 
-def _error_response(error: OpenAIError, path: str) -> Response:
-    return error.response(path)
-
-
 async def _store_call(call: Awaitable[T]) -> T:
     """A store operation on the way in; a store that is down is the usual 503 naming it."""
     try:
@@ -125,8 +120,9 @@ class ApiKeyAuth:
 
     def __init__(self, app: ASGIApp, keys: Iterable[str], open_paths: frozenset[str]) -> None:
         self.app = app
+        keys = list(keys)
         self.checker = KeyChecker(keys)
-        self.configured = bool(self.checker._digests)
+        self.configured = bool(keys)
         self.open_paths = open_paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -141,7 +137,7 @@ class ApiKeyAuth:
                 await send({"type": "websocket.close", "code": 1008})  # policy violation
                 return
             # A new response each time: outer middleware may add headers to the one it is sent.
-            await _error_response(error, scope["path"])(scope, receive, send)
+            await error.response(scope["path"])(scope, receive, send)
             return
         scope.setdefault("state", {})["api_key"] = policy
         if scope["type"] == "websocket" or state is None:
