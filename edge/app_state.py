@@ -1,7 +1,8 @@
 """The edge's typed state: what the lifespan (edge/app.py) opens once, before the first request, and every
 route reads (`edge_state`): the settings, the service clients, the stored Responses, the interactive
-sessions, the image limits, and the per-request limits that the request models' validators read
-(`RequestLimits`, pydantic's validation context, which the lean routes give them: edge/lean.py)."""
+sessions, the image limits, the keys (edge/keys/), the model queues (edge/queue.py), and the per-request
+limits that the request models' validators read (`RequestLimits`, pydantic's validation context, which
+the lean routes give them: edge/lean.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,11 @@ from dataclasses import dataclass
 from pydantic import ValidationInfo
 from starlette.requests import HTTPConnection
 
+from edge.auth import load_api_keys
 from edge.clients import ServiceClients
 from edge.images import ImageLimits
+from edge.keys.ring import KeyRing
+from edge.queue import ModelGates
 from edge.state import Limits, Space, StateStore
 from tritongate.settings import Settings
 
@@ -47,6 +51,8 @@ class EdgeState:
     sessions: Sessions
     images: ImageLimits
     limits: RequestLimits
+    keys: KeyRing
+    gates: ModelGates
 
     @classmethod
     def open(cls, settings: Settings, store: StateStore) -> EdgeState:
@@ -59,7 +65,10 @@ class EdgeState:
                    sessions=Sessions(store.space("sessions", sessions),
                                      store.space("cancels", Limits(sessions.max_entries, CANCEL_TTL_S))),
                    images=ImageLimits.of(settings),
-                   limits=RequestLimits(settings.max_embedding_inputs, settings.max_rerank_documents))
+                   limits=RequestLimits(settings.max_embedding_inputs, settings.max_rerank_documents),
+                   keys=KeyRing(store, load_api_keys(settings)),
+                   gates=ModelGates(settings.queue_slots, settings.queue_max_waiting, settings.queue_timeout_s,
+                                    settings.retry_after_s))
 
 
 def edge_state(request: HTTPConnection) -> EdgeState:

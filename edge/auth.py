@@ -2,7 +2,9 @@
 `x-api-key: <key>`, which the anthropic SDK and Claude Code send) except on the
 open paths (health, the API docs, and /metrics unless metrics_require_key). The check denies by
 default: a route added later is protected without anyone listing it, and an unknown path answers 401
-before 404. No keys configured: no check at all.
+before 404. Keys come from the settings (TRITONGATE_API_KEY, TRITONGATE_API_KEY_FILE: unrestricted, named
+`default`) and from the shared state store (`tritongate keys create`: named, with rules; edge/keys/). No key
+configured or stored: no check at all.
 """
 
 from __future__ import annotations
@@ -11,20 +13,24 @@ import hashlib
 import hmac
 import ipaddress
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import FastAPI
-from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from edge.errors import OpenAIError
+from edge.errors import OpenAIError, as_openai_error
+from edge.keys.limits import EXTENSION, serve
+from edge.keys.policy import UNRESTRICTED, KeyPolicy
+from edge.keys.ring import KeyRing
 from edge.routers.playground import PATHS as PLAYGROUND_PATHS
+from edge.state import StoreUnavailable
 from tritongate.config import ConfigError
 from tritongate.settings import Settings
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 OPEN_PATHS = frozenset({"/health", "/health/live", "/health/ready", "/v1/health/live", "/v1/health/ready",
                         "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"}) | PLAYGROUND_PATHS
@@ -85,10 +91,17 @@ def presented_key(headers: Iterable[tuple[bytes, bytes]]) -> bytes | None:
     return api_key
 
 
-def _unauthorized(message: str, path: str) -> Response:
-    response = OpenAIError(401, message, code="invalid_api_key", type_="authentication_error").response(path)
-    response.headers["WWW-Authenticate"] = "Bearer"
-    return response
+def unauthorized(message: str) -> OpenAIError:
+    return OpenAIError(401, message, code="invalid_api_key", type_="authentication_error",
+                       headers={"WWW-Authenticate": "Bearer"})
+
+
+async def _store_call(call: Awaitable[T]) -> T:
+    """A store operation on the way in; a store that is down is the usual 503 naming it."""
+    try:
+        return await call
+    except StoreUnavailable as exc:
+        raise as_openai_error(exc) from None
 
 
 MISSING = ("You didn't provide an API key. You need to provide your API key in an Authorization header "
@@ -97,27 +110,68 @@ INCORRECT = "Incorrect API key provided."
 
 
 class ApiKeyAuth:
-    """Pure ASGI middleware (no per-request objects on the accepted path; streaming untouched)."""
+    """Pure ASGI middleware (no per-request objects on the accepted path but the caller; streaming untouched).
+
+    In an app with the edge's state (edge/app_state.py) the keys are its `KeyRing`'s: the configured ones and
+    those in the state store, which can be created and revoked while the edge runs; each request is counted
+    against its key's limits (429 with OpenAI's x-ratelimit-* headers), its usage is added to the key's account
+    once it is answered, and its `Caller` (edge/keys/caller.py) carries the key, the priority and the model
+    slots it holds. Without that state, only `keys` are accepted."""
 
     def __init__(self, app: ASGIApp, keys: Iterable[str], open_paths: frozenset[str]) -> None:
         self.app = app
+        keys = list(keys)
         self.checker = KeyChecker(keys)
+        self.configured = bool(keys)
         self.open_paths = open_paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] not in ("http", "websocket") or scope["path"] in self.open_paths or \
-                "tritongate" in scope.get("extensions", {}):  # the edge's own requests (edge/batches/inprocess.py)
+        if scope["type"] not in ("http", "websocket") or scope["path"] in self.open_paths:
             await self.app(scope, receive, send)
             return
+        state = getattr(scope["app"].state, "edge", None) if "app" in scope else None
+        try:
+            policy = await self._authenticate(scope, state.keys if state is not None else None)
+        except OpenAIError as error:
+            if scope["type"] == "websocket":
+                await send({"type": "websocket.close", "code": 1008})  # policy violation
+                return
+            # A new response each time: outer middleware may add headers to the one it is sent.
+            await error.response(scope["path"])(scope, receive, send)
+            return
+        scope.setdefault("state", {})["api_key"] = policy
+        if scope["type"] == "websocket" or state is None:
+            await self.app(scope, receive, send)
+            return
+        await serve(self.app, scope, receive, send, state, policy)
+
+    async def _authenticate(self, scope: Scope, ring: KeyRing | None) -> KeyPolicy | None:
+        """The caller's key policy (None: authentication is off); an OpenAIError (401, 503) when refused."""
+        in_process = scope.get("extensions", {}).get(EXTENSION)
+        if in_process is not None:  # only code inside this process sets scope extensions
+            name = in_process.get("key_name")
+            if name is None:
+                return None
+            policy = UNRESTRICTED if ring is None and self.configured and name == UNRESTRICTED.name else (
+                await _store_call(ring.by_name(name)) if ring is not None else None)
+            if policy is None:
+                raise unauthorized(f"The key {name!r} is revoked or unknown.")
+            return policy
         token = presented_key(scope["headers"])
-        if token is not None and self.checker.valid(token):
-            await self.app(scope, receive, send)
-            return
-        if scope["type"] == "websocket":
-            await send({"type": "websocket.close", "code": 1008})  # policy violation
-            return
-        # A new response each time: outer middleware may add headers to the one it is sent.
-        await _unauthorized(MISSING if token is None else INCORRECT, scope["path"])(scope, receive, send)
+        if ring is None:
+            if not self.configured:
+                return None
+            if token is not None and self.checker.valid(token):
+                return UNRESTRICTED
+            raise unauthorized(MISSING if token is None else INCORRECT)
+        if not await _store_call(ring.required()):
+            return None
+        if token is None:
+            raise unauthorized(MISSING)
+        policy = await _store_call(ring.lookup(token))
+        if policy is None:
+            raise unauthorized(INCORRECT)
+        return policy
 
 
 def open_paths(settings: Settings) -> frozenset[str]:
@@ -151,14 +205,16 @@ def _document_bearer(app: FastAPI, unprotected: frozenset[str]) -> None:
 
 
 def install_auth(app: FastAPI, settings: Settings) -> None:
-    """Require a key when any is configured; add before the outermost (metrics) middleware."""
+    """Require a key when any is configured or stored (`tritongate keys create`); add before the outermost
+    (metrics) middleware. The middleware is always there: keys may be created while the edge runs."""
     keys = load_api_keys(settings)
-    if not keys:
-        if not _is_loopback(settings.edge_host):
-            log.warning("no API key configured: anyone who reaches %s:%d can use the API "
-                        "(set TRITONGATE_API_KEY or --api-key)", settings.edge_host, settings.edge_port)
-        return
     unprotected = open_paths(settings)
     app.add_middleware(ApiKeyAuth, keys=keys, open_paths=unprotected)
+    if not keys:
+        if not _is_loopback(settings.edge_host):
+            log.warning("no API key configured: unless keys are created with `tritongate keys create`, anyone who "
+                        "reaches %s:%d can use the API (set TRITONGATE_API_KEY or --api-key)", settings.edge_host,
+                        settings.edge_port)
+        return
     _document_bearer(app, unprotected)
-    log.info("API keys: %d accepted; open without one: %s", len(keys), ", ".join(sorted(unprotected)))
+    log.info("API keys: %d configured; open without one: %s", len(keys), ", ".join(sorted(unprotected)))

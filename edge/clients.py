@@ -21,6 +21,7 @@ import grpc
 from edge.channels import open_channel
 from edge.coalesce import BatchCalls, Coalescer
 from edge.errors import OpenAIError, bad_request, from_grpc, from_item, model_not_found
+from edge.keys.caller import caller
 from edge.many import GenerateStreams, ManyGeneration
 from edge.telemetry import TokenTimer, current
 from tritongate import tracing
@@ -76,6 +77,13 @@ class ServiceClient:
         await self.directory.route(model, self.service)
         current().model = model
 
+    async def _route_and_wait(self, model: str) -> None:
+        """As `_route_and_label`, then, for inference, wait for the model's turn (edge/queue.py)."""
+        await self._route_and_label(model)
+        who = caller()
+        if who is not None:
+            await who.enter(model)
+
     async def _call(self, method: Callable[..., Awaitable[R]], request: Any) -> R:
         """Route `request.model`, make the call, map its failure."""
         await self._route_and_label(request.model)
@@ -111,7 +119,7 @@ class EncoderClient(ServiceClient):
     async def _unary(self, request: Any) -> Any:
         """Route `request.model`, make the call (with others for the same model, when busy), map its
         failure, record its usage."""
-        await self._route_and_label(request.model)
+        await self._route_and_wait(request.model)
         response = await self.coalescer.call(request)
         exchange = current()
         exchange.record_usage(response.usage)
@@ -163,7 +171,10 @@ class LlmClient(ServiceClient):
     async def generate(self, request: llm_pb2.GenerateRequest, names: Mapping[str, str] | None = None) -> Generation:
         """Start a generation (nothing is read yet). `names`: the client's name of each GenerateRequest
         field it calls otherwise, for the parameter a refusal names."""
-        await self._route_and_label(request.model)
+        await self._route_and_wait(request.model)
+        who = caller()
+        if who is not None:  # Triton's priority level, where the model's scheduler has levels
+            request.priority = who.effective_priority()
         messages: Messages
         if self.streams is not None:
             spans = tracing.ITEM_SPANS  # None while tracing is off
@@ -303,6 +314,10 @@ class ModelDirectory:
         return models[0]
 
     async def find(self, model: str) -> common_pb2.ModelCard:
+        """The card of `model`; 404 when unknown or when the caller's key may not use it (the same answer)."""
+        who = caller()
+        if who is not None and not who.allows(model):
+            raise model_not_found(model)
         found = (await self.models()).get(model) or (await self.models(max_age=0.5)).get(model)
         if found is None:
             raise model_not_found(model)

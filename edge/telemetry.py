@@ -71,6 +71,12 @@ STAGE_LATENCY = Histogram("tritongate_request_stage_seconds",
                           buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
                                    1, 2.5, 5, 10, 30, 60, 300))
 _stage_series = functools.cache(STAGE_LATENCY.labels)  # (model, stage): a served model's, so bounded
+# Usage by key name (never the key itself) and model.
+KEY_REQUESTS = Counter("tritongate_key_requests_total", "Requests served to a model, by key name and model.",
+                       ("key", "model"))
+KEY_TOKENS = Counter("tritongate_key_tokens_total",
+                     "Tokens by key name, model and kind (prompt, completion, or cached: of prompt, those cached).",
+                     ("key", "model", "kind"))
 
 UNMATCHED = "unmatched"  # any path no route serves: one label value, however many paths clients try
 QUIET_ROUTES = frozenset({"/health", "/health/live", "/health/ready", "/v1/health/live", "/v1/health/ready",
@@ -87,6 +93,7 @@ class Exchange:
     model: str = ""  # set by the service client once the model is found, so labels are only served models
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    cached_tokens: int | None = None
     # Stages, in seconds; None for one the request's path does not have (or has not reached yet).
     hold: float | None = None
     tokenization: float | None = None
@@ -96,6 +103,7 @@ class Exchange:
 
     def record_usage(self, usage: common_pb2.Usage, completion: bool = False) -> None:
         self.prompt_tokens = usage.prompt_tokens
+        self.cached_tokens = usage.cached_tokens
         if completion:
             self.completion_tokens = usage.completion_tokens
 
@@ -227,6 +235,13 @@ def _finish(scope: Scope, exchange: Exchange, status: int, access_log_on: bool) 
                    _or_dash(exchange.prompt_tokens), _or_dash(exchange.completion_tokens), fields["client"] or "-",
                    "".join(f" {name}={ms:.2f}ms" for name, ms in timings), extra=fields)
 
+
+
+def record_key_usage(key: str, model: str, prompt: int, completion: int, cached: int) -> None:
+    KEY_REQUESTS.labels(key, model).inc()
+    for kind, tokens in (("prompt", prompt), ("completion", completion), ("cached", cached)):
+        if tokens:
+            KEY_TOKENS.labels(key, model, kind).inc(tokens)
 
 
 def _or_dash(value: int | None) -> str:

@@ -175,6 +175,10 @@ def build_parser() -> argparse.ArgumentParser:
         "health", help="exit 0 when a component is healthy (for container health checks)"))
     _chat_arguments(commands.add_parser(
         "chat", help="chat in the console with tritongate or any OpenAI-compatible server"))
+    from launcher.keys import add_arguments as keys_arguments
+
+    keys_arguments(commands.add_parser("keys", help="create, list and revoke named API keys; their usage "
+                                       "(in the state store, $TRITONGATE_STATE_URL)"))
     return parser
 
 
@@ -327,6 +331,14 @@ def _chat(args: argparse.Namespace, settings: Settings) -> None:
     run_chat(url, args.api_key or os.environ.get("OPENAI_API_KEY") or "none", args.model, args.system, options)
 
 
+def _keys(args: argparse.Namespace, settings: Settings) -> None:
+    from launcher.keys import run_keys
+
+    if not settings.verbose:  # what the command prints, not the libraries' INFO lines
+        logging.getLogger().setLevel(logging.WARNING)
+    run_keys(args, settings.state_url)
+
+
 def _up(args: argparse.Namespace, settings: Settings) -> None:
     from launcher.stack import run_stack
 
@@ -361,6 +373,7 @@ def main(argv: list[str] | None = None) -> None:
         "models": lambda: _models(args, settings),
         "health": lambda: _health(args, settings),
         "chat": lambda: _chat(args, settings),
+        "keys": lambda: _keys(args, settings),
         **{service.name: (lambda service=service: _run_service(service, settings))  # type: ignore[misc]
            for service in SERVICES},
     }

@@ -157,6 +157,12 @@ class Settings(BaseSettings):
     api_key: SecretStr | None = None
     api_key_file: Path | None = None
     metrics_require_key: bool = False
+    # Priority and fair queuing (edge/queue.py): requests of one model that each edge process lets reach its
+    # service at once (0 = no queue: all go on, and a full service answers 429 at once), how many may wait
+    # for a slot, and for how long before a 429.
+    queue_slots: int = Field(0, ge=0)
+    queue_max_waiting: int = Field(1000, ge=0)
+    queue_timeout_s: float = Field(30.0, gt=0)
     # TLS on the edge → service channels: the CA (and, for IP targets, the name in the services' certificate).
     grpc_tls_ca: Path | None = None
     grpc_tls_server_name: str | None = None

@@ -20,6 +20,7 @@ from edge.endpoints.common import (
     check_count,
     text_or_token_batch,
 )
+from edge.keys.caller import Prioritized
 from tritongate.common.v1 import common_pb2
 from tritongate.embed.v1 import embed_pb2
 
@@ -29,7 +30,7 @@ TRUNCATIONS = {"NONE": embed_pb2.TRUNCATION_NONE, "END": embed_pb2.TRUNCATION_EN
                "START": embed_pb2.TRUNCATION_START}
 
 
-class EmbeddingRequest(OpenAIRequest):
+class EmbeddingRequest(OpenAIRequest, Prioritized):
     input: Annotated[Any, WithJsonSchema(batch_schema(empty_strings=False))]
     model: str | None = None  # TEI's clients (Dify's) name none: TRITONGATE_DEFAULT_EMBEDDING_MODEL's
     encoding_format: Literal["float", "base64"] = "float"

@@ -11,6 +11,7 @@ from pydantic import Field, WithJsonSchema, field_validator, model_validator
 from edge.endpoints.common import UINT32_MAX, OpenAIRequest
 from edge.errors import ParamError
 from edge.generation import Affinity, SamplingRequest
+from edge.keys.caller import Prioritized
 from tritongate.common.v1 import common_pb2
 from tritongate.llm.v1 import llm_pb2
 from tritongate.wire import MAX_N, MAX_STOPS
@@ -68,7 +69,7 @@ def logit_bias_map(value: Any) -> dict[int, float]:
     return bias
 
 
-class GenerationRequest(OpenAIRequest):
+class GenerationRequest(OpenAIRequest, Prioritized):
     """The fields chat and completions requests share (OpenAI's, then our extensions), their rules,
     and their part of the proto."""
 

@@ -13,6 +13,7 @@ from pydantic import Field, ValidationInfo, WithJsonSchema, field_validator, mod
 from edge.app_state import limits_of
 from edge.endpoints.common import OpenAIRequest, ResponseModel, check_count
 from edge.errors import ParamError, tei_body, use_error_body
+from edge.keys.caller import Prioritized
 from edge.lean import parse_body
 from tritongate.rerank.v1 import rerank_pb2
 
@@ -31,7 +32,7 @@ DOCUMENTS = {"type": "array", "minItems": 1, "items": {"anyOf": [
 TOP_N = {"anyOf": [{"type": "integer", "minimum": 1}, {"type": "null"}]}  # numeric strings pass too (Denglin's)
 
 
-class RerankRequest(OpenAIRequest):
+class RerankRequest(OpenAIRequest, Prioritized):
     """Denglin's request; `documents` may also be Cohere/Jina objects with `text`."""
 
     model: str

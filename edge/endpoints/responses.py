@@ -40,6 +40,7 @@ from edge.endpoints.tools import response_guide
 from edge.errors import OpenAIError, bad_request
 from edge.generation import Affinity, GenerationInput, SamplingRequest, Tooling
 from edge.images import PendingImage
+from edge.keys.caller import Prioritized
 from edge.state import Space, conversation
 from tritongate.llm.v1 import llm_pb2
 
@@ -67,7 +68,7 @@ class TextOptions(OpenAIRequest):
     verbosity: Literal["low", "medium", "high"] | None = None
 
 
-class ResponseRequest(OpenAIRequest):
+class ResponseRequest(OpenAIRequest, Prioritized):
     """What this server reads of OpenAI's CreateResponse (the rest is ignored, as elsewhere)."""
 
     model: str

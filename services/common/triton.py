@@ -298,6 +298,7 @@ class Triton:
         outputs: list[str],
         timeout: float | None = None,
         request_id: str = "",
+        priority: int = 0,
     ) -> AsyncIterator[dict[str, np.ndarray]]:
         """One request on its own decoupled stream, on one of the model's endpoints; yields each response's
         outputs. The stream's end is the request's end (tritonclient cannot ask for Triton's empty final
@@ -309,7 +310,7 @@ class Triton:
         def stream_at(endpoint: Endpoint) -> contextlib.aclosing[AsyncGenerator[dict[str, np.ndarray], None]]:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             return contextlib.aclosing(self._stream_at(pool, endpoint, model, inputs, outputs, remaining,
-                                                       request_id))
+                                                       request_id, priority))
 
         with triton_call(model):
             endpoint = self._pick(pool, model)
@@ -330,7 +331,7 @@ class Triton:
 
     async def _stream_at(self, pool: TritonPool, endpoint: Endpoint, model: str,
                          inputs: Mapping[str, np.ndarray], outputs: list[str], timeout: float | None,
-                         request_id: str) -> AsyncGenerator[dict[str, np.ndarray], None]:
+                         request_id: str, priority: int = 0) -> AsyncGenerator[dict[str, np.ndarray], None]:
         """The stream on one endpoint; Triton's failures as ServiceError."""
 
         async def requests() -> AsyncIterator[dict[str, Any]]:
@@ -339,6 +340,7 @@ class Triton:
                 "inputs": [make_input(name, array) for name, array in inputs.items()],
                 "outputs": [InferRequestedOutput(name) for name in outputs],
                 "request_id": request_id,
+                "priority": priority,  # the model's scheduler level (0: its default)
             }
 
         answered = False

@@ -79,6 +79,7 @@ class Sampling:
     images: list[bytes] = field(default_factory=list)  # the chat's image files, in order (backends with "images")
     beam_width: int = 1  # beam search with this many beams; 1: sampling (or greedy)
     prompt_logprobs: bool = False  # the prompt tokens' log probabilities too (with `top_logprobs` alternatives)
+    priority: int = 0  # the request's (GenerateRequest.priority); Triton's level where the model has levels
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,7 @@ from services.llm.logits import (
     logit_flags,
     logit_outputs,
 )
-from services.llm.tensors import beam_tokens, encode_words, max_beam_width
+from services.llm.tensors import ModelInterface, beam_tokens, encode_words, max_beam_width, triton_priority
 
 __all__ = ["FasterTransformer", "encode_words"]
 
@@ -84,6 +84,7 @@ class FasterTransformer:
         self.inputs: dict[str, Any] = {}  # declared input → numpy dtype
         self.outputs: set[str] = set()
         self.beam_widths: list[int] = []
+        self.priority_levels = 0  # the model's scheduler levels (dynamic_batching.priority_levels)
 
     def configure(self, triton_config: dict[str, Any]) -> None:
         inputs = {tensor["name"]: triton_to_np_dtype(str(tensor["data_type"]).removeprefix("TYPE_"))
@@ -97,6 +98,7 @@ class FasterTransformer:
                                f"Triton model `{self.model}` lacks the FasterTransformer tensors "
                                f"{', '.join(missing)} (check `backend` and `triton_inputs` in the model config)")
         self.inputs, self.outputs = inputs, outputs
+        self.priority_levels = ModelInterface(triton_config).priority_levels
         limit = max_beam_width(triton_config)
         self.beam_widths = [width for width in FT_BEAM_WIDTHS if "beam_width" in inputs and width <= (limit or width)]
 
@@ -156,7 +158,8 @@ class FasterTransformer:
         prompt_pending = sampling.prompt_logprobs  # the first response with a token brings them
         done = len(prompt)  # valid positions already seen
         async for result in self.triton.stream(self.pool, self.model, self.tensors(prompt, sampling), outputs,
-                                               timeout, sampling.request_id):
+                                               timeout, sampling.request_id,
+                                               triton_priority(self.priority_levels, sampling.priority)):
             if "output_ids" not in result or "sequence_length" not in result:
                 continue  # the empty final response of a cancelled request
             if sampling.beam_width > 1:

@@ -296,7 +296,8 @@ def sampling(request: llm_pb2.GenerateRequest, policy: GenerationPolicy) -> tupl
                     bad_words=bad_words, logprobs=request.logprobs, top_logprobs=alternatives,
                     stop=text_stops if backend.takes_text else [], bad=policy.words_as_text(defaults.bad_words),
                     guide=response_format(request, policy), beam_width=beam_width(request, policy),
-                    prompt_logprobs=request.logprobs and request.echo, **extensions), text_stops
+                    prompt_logprobs=request.logprobs and request.echo, priority=request.priority,
+                    **extensions), text_stops
 
 
 def max_new_tokens(request: llm_pb2.GenerateRequest, policy: GenerationPolicy, prompt_tokens: int,

@@ -175,7 +175,8 @@ class TensorRTLLM:
         prompt_pending = sampling.prompt_logprobs  # the first response brings them
         tensors = self.tensors(prompt, sampling)
         async for result in self.lora.stream(sampling.adapter, self.interface, lambda lora: self.triton.stream(
-                self.pool, self.model, {**tensors, **lora}, outputs, timeout, sampling.request_id)):
+                self.pool, self.model, {**tensors, **lora}, outputs, timeout, sampling.request_id,
+                self.interface.triton_priority(sampling.priority))):
             if "output_ids" not in result or "sequence_length" not in result:
                 continue  # an empty final response (a stop request, a cancellation)
             cached = cached_tokens(result, self.tokens_per_block)

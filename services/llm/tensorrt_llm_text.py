@@ -139,7 +139,8 @@ class TensorRTLLMText:
         cumulative = CumulativeText() if self.accumulate else None
         tensors = self.tensors(text, sampling)
         async for result in self.lora.stream(sampling.adapter, self.interface, lambda lora: self.triton.stream(
-                self.pool, self.model, {**tensors, **lora}, self.outputs(), timeout, sampling.request_id)):
+                self.pool, self.model, {**tensors, **lora}, self.outputs(), timeout, sampling.request_id,
+                self.interface.triton_priority(sampling.priority))):
             if "text_output" not in result:
                 continue  # an empty final response
             piece = text_value(result["text_output"])

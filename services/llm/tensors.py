@@ -19,6 +19,8 @@ from services.common.errors import ServiceError
 
 REPLACEMENT = "\ufffd"  # what a decoder makes of an incomplete UTF-8 sequence
 
+MAX_PRIORITY = 100  # requests take -100 to 100 (GenerateRequest.priority)
+
 
 def data_type(tensor: Mapping[str, Any]) -> str:
     """The tensor's Triton type without the TYPE_ prefix; the configuration's STRING is BYTES on the wire."""
@@ -39,6 +41,17 @@ def encode_words(words: Sequence[Sequence[int]]) -> np.ndarray:
     array[0, 0, : len(flat)] = flat
     array[0, 1, : len(ends)] = ends
     return array
+
+
+def triton_priority(levels: int, priority: int) -> int:
+    """Triton's priority level (1 the highest, `levels` the lowest, 0 the model's default) of a request's
+    priority (-100 to 100, lower first; above 100 the gateway's own batch work, the lowest level): 0 for a
+    model without levels or a request without a priority, else spread evenly over the levels."""
+    if levels <= 0 or priority == 0:
+        return 0
+    if priority > MAX_PRIORITY:
+        return levels
+    return 1 + round((priority + MAX_PRIORITY) * (levels - 1) / (2 * MAX_PRIORITY))
 
 
 def max_beam_width(triton_config: Mapping[str, Any]) -> int | None:
@@ -70,6 +83,10 @@ class ModelInterface:
         self.decoupled = bool(config.get("model_transaction_policy", {}).get("decoupled", False))
         self.parameters = {key: str(value.get("string_value", "")) if isinstance(value, Mapping) else str(value)
                            for key, value in (config.get("parameters") or {}).items()}
+        self.priority_levels = int((config.get("dynamic_batching") or {}).get("priority_levels", 0) or 0)
+
+    def triton_priority(self, priority: int) -> int:
+        return triton_priority(self.priority_levels, priority)
 
     def has(self, name: str) -> bool:
         return name in self.inputs

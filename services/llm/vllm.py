@@ -196,7 +196,8 @@ class Vllm:
         cumulative = CumulativeText(skip=len(text)) if self.cumulative else None
         prompt_pending = sampling.prompt_logprobs  # the first response brings them
         async for result in self.triton.stream(self.pool, self.model, self.tensors(text, sampling),
-                                               self.outputs(sampling), timeout, sampling.request_id):
+                                               self.outputs(sampling), timeout, sampling.request_id,
+                                               self.interface.triton_priority(sampling.priority)):
             if "text_output" not in result:
                 continue
             piece = text_value(result["text_output"])

@@ -73,6 +73,7 @@ class Received:
     inputs: Arrays
     outputs: list[str]
     request_id: str
+    priority: int = 0  # the request's priority level (0: the model's default)
 
 
 def triton_config(inputs: Mapping[str, str], outputs: Mapping[str, str], *, batched: bool = True,
@@ -169,7 +170,9 @@ class FakeTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     def _answer(self, request: service_pb2.ModelInferRequest) -> Iterable[service_pb2.ModelInferResponse]:
         inputs = _arrays(request)
-        self.requests.append(Received(request.model_name, inputs, [o.name for o in request.outputs], request.id))
+        self.requests.append(Received(request.model_name, inputs, [o.name for o in request.outputs], request.id,
+                                      request.parameters["priority"].uint64_param
+                                      if "priority" in request.parameters else 0))
         for arrays in self.models[request.model_name].responses(inputs):
             yield _response(request, arrays)
 

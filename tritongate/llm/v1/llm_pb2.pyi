@@ -398,6 +398,7 @@ class GenerateRequest(_message.Message):
     FIT_MAX_TOKENS_FIELD_NUMBER: _builtins.int
     AFFINITY_KEY_FIELD_NUMBER: _builtins.int
     CACHE_SALT_FIELD_NUMBER: _builtins.int
+    PRIORITY_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     """Public model id."""
     n: _builtins.int
@@ -454,6 +455,11 @@ class GenerateRequest(_message.Message):
     cache_salt: _builtins.bytes
     """A digest of the tenant's cache salt (vLLM's `cache_salt`), mixed into every prefix hash and key, so that
     tenants' identical prompts are never taken for each other's. Empty: none.
+    """
+    priority: _builtins.int
+    """The request's priority: -100 to 100, lower first (vLLM's `priority`), 1000 for the gateway's own batch
+    work; 0: the model's default. Passed to Triton as the request's priority level where the model's
+    scheduler has levels (`dynamic_batching { priority_levels }`).
     """
     @_builtins.property
     def prompts(self) -> Global___Prompts:
@@ -522,10 +528,11 @@ class GenerateRequest(_message.Message):
         fit_max_tokens: _builtins.bool = ...,
         affinity_key: _builtins.bytes = ...,
         cache_salt: _builtins.bytes = ...,
+        priority: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_do_sample", b"_do_sample", "_frequency_penalty", b"_frequency_penalty", "_max_tokens", b"_max_tokens", "_min_p", b"_min_p", "_min_tokens", b"_min_tokens", "_presence_penalty", b"_presence_penalty", "_repetition_penalty", b"_repetition_penalty", "_seed", b"_seed", "_skip_special_tokens", b"_skip_special_tokens", "_temperature", b"_temperature", "_top_k", b"_top_k", "_top_p", b"_top_p", "chat", b"chat", "chat_template_kwargs", b"chat_template_kwargs", "do_sample", b"do_sample", "frequency_penalty", b"frequency_penalty", "guide", b"guide", "input", b"input", "max_tokens", b"max_tokens", "min_p", b"min_p", "min_tokens", b"min_tokens", "presence_penalty", b"presence_penalty", "prompts", b"prompts", "repetition_penalty", b"repetition_penalty", "seed", b"seed", "skip_special_tokens", b"skip_special_tokens", "temperature", b"temperature", "top_k", b"top_k", "top_p", b"top_p"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_do_sample", b"_do_sample", "_frequency_penalty", b"_frequency_penalty", "_max_tokens", b"_max_tokens", "_min_p", b"_min_p", "_min_tokens", b"_min_tokens", "_presence_penalty", b"_presence_penalty", "_repetition_penalty", b"_repetition_penalty", "_seed", b"_seed", "_skip_special_tokens", b"_skip_special_tokens", "_temperature", b"_temperature", "_top_k", b"_top_k", "_top_p", b"_top_p", "affinity_key", b"affinity_key", "beam_width", b"beam_width", "cache_salt", b"cache_salt", "chat", b"chat", "chat_template_kwargs", b"chat_template_kwargs", "do_sample", b"do_sample", "echo", b"echo", "fit_max_tokens", b"fit_max_tokens", "frequency_penalty", b"frequency_penalty", "guide", b"guide", "hosted_tools", b"hosted_tools", "ignore_eos", b"ignore_eos", "include_stop_str_in_output", b"include_stop_str_in_output", "input", b"input", "logit_bias", b"logit_bias", "logprobs", b"logprobs", "max_tokens", b"max_tokens", "min_p", b"min_p", "min_tokens", b"min_tokens", "model", b"model", "n", b"n", "presence_penalty", b"presence_penalty", "prompts", b"prompts", "repetition_penalty", b"repetition_penalty", "seed", b"seed", "skip_special_tokens", b"skip_special_tokens", "stop", b"stop", "temperature", b"temperature", "top_k", b"top_k", "top_logprobs", b"top_logprobs", "top_p", b"top_p"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_do_sample", b"_do_sample", "_frequency_penalty", b"_frequency_penalty", "_max_tokens", b"_max_tokens", "_min_p", b"_min_p", "_min_tokens", b"_min_tokens", "_presence_penalty", b"_presence_penalty", "_repetition_penalty", b"_repetition_penalty", "_seed", b"_seed", "_skip_special_tokens", b"_skip_special_tokens", "_temperature", b"_temperature", "_top_k", b"_top_k", "_top_p", b"_top_p", "affinity_key", b"affinity_key", "beam_width", b"beam_width", "cache_salt", b"cache_salt", "chat", b"chat", "chat_template_kwargs", b"chat_template_kwargs", "do_sample", b"do_sample", "echo", b"echo", "fit_max_tokens", b"fit_max_tokens", "frequency_penalty", b"frequency_penalty", "guide", b"guide", "hosted_tools", b"hosted_tools", "ignore_eos", b"ignore_eos", "include_stop_str_in_output", b"include_stop_str_in_output", "input", b"input", "logit_bias", b"logit_bias", "logprobs", b"logprobs", "max_tokens", b"max_tokens", "min_p", b"min_p", "min_tokens", b"min_tokens", "model", b"model", "n", b"n", "presence_penalty", b"presence_penalty", "priority", b"priority", "prompts", b"prompts", "repetition_penalty", b"repetition_penalty", "seed", b"seed", "skip_special_tokens", b"skip_special_tokens", "stop", b"stop", "temperature", b"temperature", "top_k", b"top_k", "top_logprobs", b"top_logprobs", "top_p", b"top_p"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__do_sample: _TypeAlias = _typing.Literal["do_sample"]  # noqa: Y015
     _WhichOneofArgType__do_sample: _TypeAlias = _typing.Literal["_do_sample", b"_do_sample"]  # noqa: Y015
