@@ -21,6 +21,7 @@ import orjson
 import pytest
 
 from launcher.stack import LocalStack, http_ok
+from tests.support.edges import create_key, usage
 from tests.support.ports import free_port, wait_until
 from tests.support.s3_server import CREDENTIALS, s3_server
 from tests.support.stack import private_state_url, spawn
@@ -278,6 +279,34 @@ def test_bad_requests_are_refused_with_their_status_and_param(client: openai.Ope
     assert file.id in [f.id for f in client.files.list(purpose="batch")]
     assert client.files.delete(file.id).deleted
     assert status_of(lambda: client.files.retrieve(file.id)) == (404, "file_id")
+
+
+def test_a_batch_runs_with_its_creators_key(stack: LocalStack, tmp_path: Path) -> None:
+    """A batch's lines are the key's own requests: a model the key may not use answers 404 in its lines, the
+    others count in the key's usage, and another key does not see the batch."""
+    edge = start_edge(stack, tmp_path)
+    state_url = edge.env["TRITONGATE_STATE_URL"]
+    try:
+        embed_only = create_key(state_url, "embed-only", "--models", EMBED)
+        client = openai.OpenAI(base_url=f"{edge.url}/v1", api_key=embed_only, max_retries=0, timeout=60)
+        chat = wait_for(client, submit(client, [chat_line(f"c{i}") for i in range(3)]).id)
+        output, errors = answers(client, chat)
+        assert not output and sorted(line["custom_id"] for line in errors) == ["c0", "c1", "c2"]
+        assert {line["response"]["status_code"] for line in errors} == {404}
+        assert {line["response"]["body"]["error"]["code"] for line in errors} == {"model_not_found"}
+
+        embeds = wait_for(client, submit(client, [embed_line(f"e{i}") for i in range(3)], "/v1/embeddings").id)
+        output, errors = answers(client, embeds)
+        assert sorted(line["custom_id"] for line in output) == ["e0", "e1", "e2"] and not errors
+        counted = usage(state_url, "embed-only")[EMBED]
+        assert counted["requests"] == 3
+        assert counted["prompt_tokens"] == sum(line["response"]["body"]["usage"]["prompt_tokens"] for line in output)
+
+        stranger = openai.OpenAI(base_url=f"{edge.url}/v1", api_key=create_key(state_url, "other"), max_retries=0,
+                                 timeout=60)
+        assert status_of(lambda: stranger.batches.retrieve(embeds.id)) == (404, "batch_id")
+    finally:
+        edge.stop()
 
 
 def test_files_in_an_s3_compatible_store(stack: LocalStack, tmp_path: Path) -> None:
