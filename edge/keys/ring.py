@@ -96,11 +96,13 @@ class KeyRing:
     # Authentication.
 
     async def required(self) -> bool:
-        """Whether requests need a key: some are configured, or some exist in the store."""
+        """Whether requests need a key: some are configured, or some exist in the store. Once this process has
+        seen stored keys it keeps requiring one: a store that loses its data (a restarted Valkey without
+        persistence) must not open the gateway to everyone."""
         if self._configured:
             return True
         when, found = self._any
-        if time.monotonic() - when > CACHE_S:
+        if not found and time.monotonic() - when > CACHE_S:
             found = bool(await self.names())
             self._any = (time.monotonic(), found)
         return found

@@ -45,6 +45,23 @@ def test_a_rule_that_cannot_hold_is_refused_by_name(policy: KeyPolicy, rule: str
         check_policy(policy)
 
 
+def test_a_store_that_loses_its_keys_does_not_open_the_gateway() -> None:
+    """A restarted Valkey without persistence comes back empty: an edge that has seen stored keys keeps
+    asking for one (and finds none valid) rather than letting everyone in."""
+    async def run() -> None:
+        ring, _ = ring_with_clock()
+        key = await ring.create(KeyPolicy("team-a"))
+        assert await ring.required()
+        await ring.keys.delete("index")
+        await ring.keys.delete("name:team-a")
+        ring._any = (float("-inf"), True)  # the cached answer is older than a second in real time
+        ring._cache.clear()
+        assert await ring.required() and await ring.lookup(key.encode()) is None
+        assert not await KeyRing(MemoryStore()).required()  # a fresh edge on an empty store: open
+
+    asyncio.run(run())
+
+
 def test_budget_periods_parse_with_their_units() -> None:
     assert [parse_period(text) for text in ("30d", "12h", "90m", "3600", "2w")] == [
         30 * 86400, 12 * 3600, 90 * 60, 3600, 14 * 86400]
