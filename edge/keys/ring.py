@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from edge.keys.policy import UNRESTRICTED, KeyPolicy, PolicyError, check_policy, digest, new_key
-from edge.state import Limits, StateStore
+from edge.state import Limits, StateStore, StoreUnavailable
 
 CACHE_S = 0.5
 FOREVER = Limits(max_entries=10_000_000, ttl_s=100 * 365 * 86400.0)
@@ -98,12 +98,17 @@ class KeyRing:
     async def required(self) -> bool:
         """Whether requests need a key: some are configured, or some exist in the store. Once this process has
         seen stored keys it keeps requiring one: a store that loses its data (a restarted Valkey without
-        persistence) must not open the gateway to everyone."""
+        persistence) must not open the gateway to everyone. While the store is unreachable the last answer
+        stands, so that requests that need no store are still served; without one yet, StoreUnavailable."""
         if self._configured:
             return True
         when, found = self._any
         if not found and time.monotonic() - when > CACHE_S:
-            found = bool(await self.names())
+            try:
+                found = bool(await self.names())
+            except StoreUnavailable:
+                if when == -math.inf:  # never known: refuse rather than guess
+                    raise
             self._any = (time.monotonic(), found)
         return found
 

@@ -25,9 +25,16 @@ EMBEDDING = "all-minilm-l6-v2"
 
 
 @pytest.fixture(scope="module")
-def redis_edges(stack: LocalStack, redis_server: RedisServer,
+def keys_store(redis_server: RedisServer) -> str:
+    """A database of its own on the session's Redis: the keys made here must not turn authentication on for
+    the other modules' edges on that Redis."""
+    return redis_server.url.removesuffix("/0") + "/7"
+
+
+@pytest.fixture(scope="module")
+def redis_edges(stack: LocalStack, keys_store: str,
                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
-    with edges(stack, {"TRITONGATE_STATE_URL": redis_server.url}, tmp_path_factory.mktemp("keys"), 2) as urls:
+    with edges(stack, {"TRITONGATE_STATE_URL": keys_store}, tmp_path_factory.mktemp("keys"), 2) as urls:
         yield urls
 
 
@@ -42,9 +49,9 @@ def chat(url: str, key: str, **fields: Any) -> httpx.Response:
                       timeout=60)
 
 
-def test_a_tokens_per_minute_limit_holds_across_two_edges(redis_edges: list[str], redis_server: RedisServer) -> None:
+def test_a_tokens_per_minute_limit_holds_across_two_edges(redis_edges: list[str], keys_store: str) -> None:
     limit = 300
-    key = create_key(redis_server.url, name("tpm"), "--tpm", str(limit))
+    key = create_key(keys_store, name("tpm"), "--tpm", str(limit))
     served: list[int] = []
     refused: httpx.Response | None = None
     for i in range(100):
@@ -66,8 +73,8 @@ def test_a_tokens_per_minute_limit_holds_across_two_edges(redis_edges: list[str]
 
 
 def test_a_key_for_the_embedding_model_only_finds_no_chat_model(redis_edges: list[str],
-                                                                redis_server: RedisServer) -> None:
-    key = create_key(redis_server.url, name("embed-only"), "--models", EMBEDDING)
+                                                                keys_store: str) -> None:
+    key = create_key(keys_store, name("embed-only"), "--models", EMBEDDING)
     client = openai.OpenAI(base_url=f"{redis_edges[0]}/v1", api_key=key, max_retries=0, timeout=60)
     assert client.embeddings.create(model=EMBEDDING, input="hello").data[0].embedding
     assert [model.id for model in client.models.list()] == [EMBEDDING]
@@ -81,21 +88,21 @@ def test_a_key_for_the_embedding_model_only_finds_no_chat_model(redis_edges: lis
         client.models.retrieve(CHAT)
 
 
-def test_a_revoked_key_stops_working_on_every_edge(redis_edges: list[str], redis_server: RedisServer) -> None:
+def test_a_revoked_key_stops_working_on_every_edge(redis_edges: list[str], keys_store: str) -> None:
     key_name = name("revoked")
-    key = create_key(redis_server.url, key_name)
+    key = create_key(keys_store, key_name)
     for url in redis_edges:
         assert chat(url, key).status_code == 200
-    done = keys_command(redis_server.url, "revoke", key_name)
+    done = keys_command(keys_store, "revoke", key_name)
     assert done.returncode == 0, done.stderr
     for url in redis_edges:  # polled: each edge keeps a lookup for half a second at most
         wait_until(lambda url=url: chat(url, key).status_code == 401, 10, f"the revocation on {url}")
     assert chat(redis_edges[0], key).json()["error"]["code"] == "invalid_api_key"
 
 
-def test_usage_counts_match_the_responses_usage(redis_edges: list[str], redis_server: RedisServer) -> None:
+def test_usage_counts_match_the_responses_usage(redis_edges: list[str], keys_store: str) -> None:
     key_name = name("usage")
-    key = create_key(redis_server.url, key_name)
+    key = create_key(keys_store, key_name)
     prompt = completion = 0
     for i in range(4):
         client = openai.OpenAI(base_url=f"{redis_edges[i % 2]}/v1", api_key=key, max_retries=0, timeout=60)
@@ -108,7 +115,7 @@ def test_usage_counts_match_the_responses_usage(redis_edges: list[str], redis_se
     streamed = [chunk.usage for chunk in stream if chunk.usage is not None][-1]
     prompt, completion = prompt + streamed.prompt_tokens, completion + streamed.completion_tokens
     embedded = client.embeddings.create(model=EMBEDDING, input=["one", "two"]).usage.prompt_tokens
-    counted = usage(redis_server.url, key_name)
+    counted = usage(keys_store, key_name)
     assert counted[CHAT] == {"requests": 5, "prompt_tokens": prompt, "completion_tokens": completion,
                              "cached_tokens": 0}
     assert counted[EMBEDDING] == {"requests": 1, "prompt_tokens": embedded, "completion_tokens": 0,
@@ -122,9 +129,9 @@ def test_usage_counts_match_the_responses_usage(redis_edges: list[str], redis_se
 
 @pytest.mark.parametrize("priority", [101, -101, "high", 1.5, True])
 def test_a_priority_out_of_range_or_not_an_integer_is_a_400_naming_it(redis_edges: list[str],
-                                                                    redis_server: RedisServer,
+                                                                    keys_store: str,
                                                                     priority: Any) -> None:
-    key = create_key(redis_server.url, name("priority"))
+    key = create_key(keys_store, name("priority"))
     response = chat(redis_edges[0], key, priority=priority)
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == "priority"

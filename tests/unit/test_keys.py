@@ -14,6 +14,7 @@ from edge.app import create_app
 from edge.keys.limits import duration, rate_headers
 from edge.keys.policy import KeyPolicy, PolicyError, check_policy, digest, parse_period
 from edge.keys.ring import KeyRing, Levels, Refusal
+from edge.state import StoreUnavailable
 from edge.state.memory import MemoryStore
 from launcher.cli import main
 from tritongate.settings import Settings
@@ -58,6 +59,25 @@ def test_a_store_that_loses_its_keys_does_not_open_the_gateway() -> None:
         ring._cache.clear()
         assert await ring.required() and await ring.lookup(key.encode()) is None
         assert not await KeyRing(MemoryStore()).required()  # a fresh edge on an empty store: open
+
+    asyncio.run(run())
+
+
+def test_an_unreachable_store_keeps_the_last_answer_and_never_guesses_the_first() -> None:
+    """Requests that need no store are still served while it is away (no keys were stored); an edge that has
+    never reached it refuses (503) rather than guess."""
+    async def unreachable() -> list[str]:
+        raise StoreUnavailable("redis://example", "connection refused")
+
+    async def run() -> None:
+        ring, _ = ring_with_clock()
+        assert not await ring.required()
+        ring.names = unreachable  # type: ignore[method-assign]
+        ring._any = (float("-inf"), False)
+        with pytest.raises(StoreUnavailable):
+            await ring.required()
+        ring._any = (0.0, False)  # known, then the store went away
+        assert not await ring.required()
 
     asyncio.run(run())
 
