@@ -14,6 +14,9 @@ from tritongate.registry import ServiceInfo
 from tritongate.tls import ClientTls
 from tritongate.wire import MAX_MESSAGE_BYTES
 
+# How long a channel can wait to try a service again: a service that is back may be refused that long.
+MAX_RECONNECT_BACKOFF_MS = 2000
+
 
 def _service_config(service: ServiceInfo) -> str:
     retry = {
@@ -45,7 +48,7 @@ def open_channel(target: str, service: ServiceInfo, tls: ClientTls | None = None
         # The default reconnect backoff grows to 120 s: a service that comes back would go unnoticed that long.
         ("grpc.initial_reconnect_backoff_ms", 250),
         ("grpc.min_reconnect_backoff_ms", 250),
-        ("grpc.max_reconnect_backoff_ms", 2000),
+        ("grpc.max_reconnect_backoff_ms", MAX_RECONNECT_BACKOFF_MS),
     ]
     if tls is not None:
         return grpc.aio.secure_channel(target, tls.credentials, options=[*options, *tls.options])
