@@ -21,7 +21,7 @@ import sys
 import tempfile
 import urllib.request
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +29,11 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import BENCH_MODELS, PROCESSES, bench_main, closed_loop, free_port, summarize
+from bench.common import BENCH_MODELS, PROCESSES, bench_main, closed_loop, free_port, summarize, triton_processes
 from bench.embeddings import edge_path, sentence
 from launcher.stack import LocalStack
-from tritongate.settings import Settings, default_cache_dir, default_models_dir
-from tritongate.triton_local import TritonLaunch, TritonProcess, start_triton
+from tritongate.settings import Settings, default_models_dir
+from tritongate.triton_local import TritonProcess
 
 TOKENIZER = "all-minilm-l6-v2"
 # Each Triton's models: the name it serves → the model folder.
@@ -42,25 +42,9 @@ REPOSITORIES = {"A": {"embed-echo": "embed-echo", "embed-uneven": "embed-echo"},
 POINTS = [("embed-echo-one", 8), ("embed-echo", 8), ("embed-echo", 32), ("embed-uneven", 8), ("embed-uneven", 32)]
 
 
-@contextmanager
-def two_tritons(root: Path) -> Iterator[dict[str, TritonProcess]]:
-    tritons: dict[str, TritonProcess] = {}
-    try:
-        for name, models in REPOSITORIES.items():
-            repository = root / f"repository-{name}"
-            repository.mkdir()
-            for model, folder in models.items():
-                (repository / model).symlink_to(BENCH_MODELS / folder)
-            tritons[name] = start_triton(TritonLaunch(
-                repositories=[repository], models_dir=default_models_dir(), cache_dir=default_cache_dir(),
-                http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
-                log_path=root / f"tritonserver-{name}.log"))
-        for triton in tritons.values():
-            triton.wait_ready(300)
-        yield tritons
-    finally:
-        for triton in tritons.values():
-            triton.stop()
+def two_tritons(root: Path) -> AbstractContextManager[dict[str, TritonProcess]]:
+    return triton_processes(root, {name: {model: BENCH_MODELS / folder for model, folder in models.items()}
+                                   for name, models in REPOSITORIES.items()})
 
 
 @contextmanager
